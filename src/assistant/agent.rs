@@ -1,0 +1,141 @@
+//! The assistant loop: ask the model, run the tools it calls, send the results back,
+//! round after round until it answers in text.
+
+use std::future::Future;
+use std::pin::Pin;
+use std::sync::Arc;
+use std::task::{Context, Poll};
+
+use tower::{BoxError, Service};
+use tracing::Instrument;
+
+use super::context::{CheckoutContext, LoopRequest};
+use super::error::{CheckoutError, FailureKind};
+use super::prompts;
+use super::tools::{ToolBox, ToolFailure};
+use crate::model::ModelClient;
+use crate::model::wire::{ChatRequest, Message};
+use crate::payments::Receipt;
+
+/// A checkout the model confirmed.
+#[derive(Clone, Debug)]
+pub struct CheckoutOutcome {
+    pub receipt: Receipt,
+    /// True when this operation (this operation key) made the charge, in any attempt.
+    pub charged: bool,
+    /// The model's confirmation sentence.
+    pub message: String,
+    /// Loop attempts it took.
+    pub attempts: u32,
+}
+
+/// One run of the loop is one `call`: a tower service, so the loop retry and the loop
+/// timeout wrap it as layers.
+#[derive(Clone)]
+pub struct AgentLoop(Arc<Inner>);
+
+struct Inner {
+    model: ModelClient,
+    tools: ToolBox,
+    max_rounds: u32,
+}
+
+impl AgentLoop {
+    pub fn new(model: ModelClient, tools: ToolBox, max_rounds: u32) -> Self {
+        AgentLoop(Arc::new(Inner {
+            model,
+            tools,
+            max_rounds,
+        }))
+    }
+}
+
+impl Service<LoopRequest> for AgentLoop {
+    type Response = CheckoutOutcome;
+    type Error = BoxError;
+    type Future = Pin<Box<dyn Future<Output = Result<CheckoutOutcome, BoxError>> + Send>>;
+
+    fn poll_ready(&mut self, _cx: &mut Context<'_>) -> Poll<Result<(), BoxError>> {
+        Poll::Ready(Ok(()))
+    }
+
+    fn call(&mut self, request: LoopRequest) -> Self::Future {
+        let inner = self.0.clone();
+        let span = tracing::info_span!("loop attempt", attempt = request.attempt);
+        Box::pin(
+            async move {
+                inner
+                    .run(&request.ctx, request.attempt)
+                    .await
+                    .map_err(|kind| Box::new(CheckoutError::new(kind, request.attempt)) as BoxError)
+            }
+            .instrument(span),
+        )
+    }
+}
+
+impl Inner {
+    async fn run(
+        &self,
+        ctx: &CheckoutContext,
+        attempt: u32,
+    ) -> Result<CheckoutOutcome, FailureKind> {
+        let mut chat = ChatRequest {
+            model: self.model.model().to_owned(),
+            messages: prompts::opening(ctx.order()),
+            tools: ToolBox::specs(),
+        };
+        let mut receipt: Option<Receipt> = None;
+        for round in 1..=self.max_rounds {
+            let reply = self
+                .model
+                .complete(&chat, round)
+                .instrument(tracing::info_span!("model round", round))
+                .await
+                .map_err(FailureKind::Model)?;
+            let calls = reply.tool_calls.unwrap_or_default();
+            if calls.is_empty() {
+                let Some(receipt) = receipt else {
+                    return Err(FailureKind::ModelDidNotCharge);
+                };
+                let message = match reply.content.as_deref().map(str::trim) {
+                    Some(text) if !text.is_empty() => text.to_owned(),
+                    _ => format!(
+                        "Order {} is paid: {} charged, receipt {}.",
+                        receipt.order_id, receipt.amount, receipt.id
+                    ),
+                };
+                return Ok(CheckoutOutcome {
+                    charged: receipt.operation_key == ctx.operation_key().as_str(),
+                    receipt,
+                    message,
+                    attempts: attempt,
+                });
+            }
+            chat.messages.push(Message::Assistant {
+                content: reply.content,
+                tool_calls: calls.clone(),
+            });
+            for call in calls {
+                let output = self
+                    .tools
+                    .dispatch(ctx, &call)
+                    .await
+                    .map_err(|err| match err {
+                        ToolFailure::AmountConflict { existing, asked } => {
+                            FailureKind::AmountConflict { existing, asked }
+                        }
+                        ToolFailure::Store(err) => FailureKind::Store(err),
+                    })?;
+                if output.receipt.is_some() {
+                    receipt = output.receipt;
+                }
+                chat.messages.push(Message::Tool {
+                    tool_call_id: call.id,
+                    content: output.content,
+                });
+            }
+        }
+        Err(FailureKind::TooManyRounds(self.max_rounds))
+    }
+}

@@ -1,0 +1,44 @@
+//! The assistant: loop retry ─► loop timeout ─► the tool-calling loop.
+
+pub mod agent;
+pub mod context;
+pub mod error;
+pub mod prompts;
+pub mod retry;
+pub mod tools;
+
+use tower::util::BoxCloneSyncService;
+use tower::{BoxError, ServiceBuilder, ServiceExt};
+
+pub use agent::{AgentLoop, CheckoutOutcome};
+pub use context::{CheckoutContext, LoopRequest};
+pub use error::{CheckoutError, FailureKind, LoopStop};
+pub use retry::{LoopRetry, LoopRetrySettings};
+pub use tools::ToolBox;
+
+/// The whole loop behind its retry and timeout layers.
+#[derive(Clone)]
+pub struct Assistant {
+    stack: BoxCloneSyncService<LoopRequest, CheckoutOutcome, BoxError>,
+}
+
+impl Assistant {
+    pub fn new(agent: AgentLoop, settings: &LoopRetrySettings) -> Self {
+        let stack = ServiceBuilder::new()
+            .retry(LoopRetry::new(settings))
+            .timeout(settings.timeout)
+            .service(agent);
+        Assistant {
+            stack: BoxCloneSyncService::new(stack),
+        }
+    }
+
+    /// Runs the checkout to its end: a confirmed charge, or the error the retries left.
+    pub async fn checkout(&self, ctx: CheckoutContext) -> Result<CheckoutOutcome, CheckoutError> {
+        let request = LoopRequest { ctx, attempt: 1 };
+        self.stack.clone().oneshot(request).await.map_err(|err| {
+            *err.downcast::<CheckoutError>()
+                .expect("the loop retry turns every failure into a CheckoutError")
+        })
+    }
+}

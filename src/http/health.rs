@@ -1,0 +1,79 @@
+//! `GET /health/live` and `GET /health/ready`.
+
+use axum::Json;
+use axum::extract::State;
+use axum::response::{IntoResponse, Response};
+use serde::Serialize;
+use utoipa::ToSchema;
+
+use super::AppState;
+use super::error::{Code, Problem, ProblemBody};
+
+#[derive(Serialize, ToSchema)]
+pub struct Live {
+    #[schema(example = "live")]
+    status: &'static str,
+}
+
+#[derive(Serialize, ToSchema)]
+pub struct Ready {
+    #[schema(example = "ready")]
+    status: &'static str,
+    /// `postgres` or `sqlite`.
+    #[schema(example = "sqlite")]
+    database: &'static str,
+    model: ModelInfo,
+}
+
+/// Which model provider the service talks to.
+#[derive(Clone, Debug, Serialize, ToSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct ModelInfo {
+    /// `scripted` (the built-in scripted model: no real provider is configured) or
+    /// `openai-compatible`.
+    #[schema(example = "scripted")]
+    pub provider: &'static str,
+    pub base_url: String,
+    pub model: String,
+    /// Said plainly when the scripted model is in use.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub warning: Option<&'static str>,
+}
+
+#[utoipa::path(
+    get,
+    path = "/health/live",
+    tag = "health",
+    summary = "The process is up",
+    responses((status = 200, body = Live))
+)]
+pub async fn live() -> Json<Live> {
+    Json(Live { status: "live" })
+}
+
+#[utoipa::path(
+    get,
+    path = "/health/ready",
+    tag = "health",
+    summary = "The database answers; names the model provider in use",
+    responses(
+        (status = 200, body = Ready),
+        (status = 503, description = "`unavailable`: the database does not answer", body = ProblemBody, content_type = "application/problem+json"),
+    )
+)]
+pub async fn ready(State(app): State<AppState>) -> Response {
+    match app.db().ping().await {
+        Ok(()) => Json(Ready {
+            status: "ready",
+            database: app.db().kind(),
+            model: app.model_info().clone(),
+        })
+        .into_response(),
+        Err(err) => Problem::new(
+            Code::Unavailable,
+            format!("the {} database does not answer: {err}", app.db().kind()),
+        )
+        .retry_after(1)
+        .into_response(),
+    }
+}

@@ -1,0 +1,183 @@
+//! checkout: an AI assistant takes a payment through a tool-calling loop, and no retry,
+//! at any level, charges an order twice. `main.rs` runs this library; tests and the
+//! benchmark drive it the same way.
+
+pub mod assistant;
+pub mod config;
+pub mod db;
+pub mod http;
+pub mod model;
+pub mod payments;
+pub mod telemetry;
+
+use std::future::Future;
+use std::net::SocketAddr;
+
+use axum::Router;
+use tokio::net::TcpListener;
+
+use assistant::{AgentLoop, Assistant, ToolBox};
+use config::{Provider, Settings};
+use db::{Database, OpenError};
+use http::{AppState, ModelInfo};
+use model::scripted::{Script, ScriptedModel};
+use model::{ModelClient, ModelEndpoint};
+use payments::{PaymentGateway, Receipts};
+
+/// Why the service could not start.
+#[derive(Debug, thiserror::Error)]
+pub enum StartError {
+    #[error(transparent)]
+    Database(#[from] OpenError),
+    #[error("cannot start the scripted model: {0}")]
+    ScriptedModel(std::io::Error),
+    #[error("cannot build the model client: {0}")]
+    ModelClient(tower::BoxError),
+}
+
+/// The service, built and ready to serve.
+pub struct App {
+    state: AppState,
+    /// The built-in model, when no provider is configured; it lives as long as the app.
+    scripted: Option<ScriptedModel>,
+}
+
+impl App {
+    /// Opens the database (applying migrations), starts the scripted model if no provider
+    /// is configured, and builds the layers. Logs the resilience chain.
+    pub async fn build(settings: Settings) -> Result<App, StartError> {
+        let db = Database::open(&settings.database_url, &settings.pool()).await?;
+        let (endpoint, scripted) = match settings.provider() {
+            Provider::Remote(endpoint) => (endpoint, None),
+            Provider::Scripted { faults, delay } => {
+                let script = Script {
+                    faults,
+                    delay,
+                    api_key: None,
+                };
+                let model = ScriptedModel::start(SocketAddr::from(([127, 0, 0, 1], 0)), script)
+                    .await
+                    .map_err(StartError::ScriptedModel)?;
+                let endpoint = ModelEndpoint {
+                    base_url: model.base_url(),
+                    api_key: None,
+                    model: settings.openai_model.clone(),
+                };
+                (endpoint, Some(model))
+            }
+        };
+        let info = ModelInfo {
+            provider: if scripted.is_some() { "scripted" } else { "openai-compatible" },
+            base_url: endpoint.base_url.clone(),
+            model: endpoint.model.clone(),
+            warning: scripted.is_some().then_some(
+                "the built-in scripted model is in use: no OPENAI_API_KEY or OPENAI_BASE_URL is set, so no real model is asked",
+            ),
+        };
+        let client = ModelClient::new(&endpoint, &settings.request_retry())
+            .map_err(StartError::ModelClient)?;
+        let gateway = PaymentGateway::new(Receipts::new(&db));
+        let agent = AgentLoop::new(client, ToolBox::new(gateway.clone()), settings.max_rounds);
+        let assistant = Assistant::new(agent, &settings.loop_retry());
+        announce(&settings, &db, &info);
+        Ok(App {
+            state: AppState::new(settings, db, gateway, assistant, info),
+            scripted,
+        })
+    }
+
+    pub fn router(&self) -> Router {
+        http::router(self.state.clone())
+    }
+
+    pub fn state(&self) -> &AppState {
+        &self.state
+    }
+
+    /// Serves until `shutdown` resolves, then lets in-flight checkouts finish.
+    pub async fn serve(
+        self,
+        listener: TcpListener,
+        shutdown: impl Future<Output = ()> + Send + 'static,
+    ) -> std::io::Result<()> {
+        let addr = listener.local_addr()?;
+        tracing::info!(%addr, "listening on http://{addr}");
+        axum::serve(listener, self.router())
+            .with_graceful_shutdown(async move {
+                shutdown.await;
+                tracing::info!("shutting down: finishing in-flight checkouts");
+            })
+            .await?;
+        self.state.db().close().await;
+        drop(self.scripted);
+        tracing::info!("stopped");
+        Ok(())
+    }
+}
+
+/// The start-up lines: the database, the model, and the resilience chain, outermost
+/// first, each layer with its unit, its numbers and what it retries.
+fn announce(settings: &Settings, db: &Database, model: &ModelInfo) {
+    tracing::info!(database = db.kind(), "receipts are kept in {}", db.kind());
+    match model.warning {
+        Some(warning) => tracing::warn!(base_url = %model.base_url, "{warning}"),
+        None => {
+            tracing::info!(base_url = %model.base_url, model = %model.model, "model provider: OpenAI-compatible")
+        }
+    }
+    let ms = |d: std::time::Duration| d.as_millis() as u64;
+    tracing::info!(
+        layer = 1,
+        unit = "the whole operation",
+        "resilience chain, outermost first: [1] client POST + Idempotency-Key: the client may retry; a retried key is answered from the idempotency record"
+    );
+    tracing::info!(
+        layer = 2,
+        unit = "one HTTP request",
+        timeout_ms = ms(settings.server_timeout),
+        "[2] server timeout: {} ms per HTTP request (the loop layers' worst case is {} ms)",
+        ms(settings.server_timeout),
+        ms(settings.loop_worst_case())
+    );
+    tracing::info!(
+        layer = 3,
+        unit = "the whole assistant loop, tools included",
+        max_retries = settings.loop_max_retries,
+        "[3] loop retry: repeats the whole assistant loop up to {} more time(s), backoff {}..{} ms; on a loop timeout, a model failure the request retry could not mend, a transient database error; never on a model 4xx, invalid input, amount_conflict, model_did_not_charge",
+        settings.loop_max_retries,
+        ms(settings.loop_backoff),
+        ms(settings.loop_backoff_max)
+    );
+    tracing::info!(
+        layer = 4,
+        unit = "one run of the assistant loop",
+        timeout_ms = ms(settings.loop_timeout),
+        "[4] loop timeout: {} ms per run of the loop, at most {} model rounds",
+        ms(settings.loop_timeout),
+        settings.max_rounds
+    );
+    tracing::info!(
+        layer = 5,
+        unit = "one chat-completions HTTP request",
+        max_retries = settings.request_max_retries,
+        "[5] request retry: repeats one model request up to {} more time(s), backoff {}..{} ms with jitter, Retry-After honoured up to {} ms, retry budget {}% + {}/s shared by all requests; on connect errors, timeouts, 408, 429 (not insufficient_quota), 500, 502, 503, 504; never on 400, 401, 403, 404, 422",
+        settings.request_max_retries,
+        ms(settings.request_backoff),
+        ms(settings.request_backoff_max),
+        ms(settings.retry_after_max),
+        settings.retry_budget_percent,
+        settings.retry_budget_min_per_sec
+    );
+    tracing::info!(
+        layer = 6,
+        unit = "one chat-completions HTTP request",
+        timeout_ms = ms(settings.request_timeout),
+        "[6] request timeout: {} ms per model request",
+        ms(settings.request_timeout)
+    );
+    if settings.loop_max_retries > 0 {
+        tracing::warn!(
+            "the loop retry re-runs tools that already ran, the charge included; it cannot double-charge here because every attempt charges with the charge key the handler made from the order id before the first attempt, and the receipts table's unique order_id hands a repeated charge the first receipt"
+        );
+    }
+}

@@ -1,0 +1,278 @@
+//! The chat-completions client: request retry ─► request timeout ─► one reqwest POST.
+
+use std::fmt;
+use std::future::Future;
+use std::pin::Pin;
+use std::sync::Arc;
+use std::task::{Context, Poll};
+use std::time::{Duration, SystemTime};
+
+use bytes::Bytes;
+use reqwest::header::{CONTENT_TYPE, HeaderMap, RETRY_AFTER};
+use tower::util::BoxCloneSyncService;
+use tower::{BoxError, Service, ServiceBuilder, ServiceExt};
+
+use super::error::{ModelError, ModelErrorKind};
+use super::retry::{RequestRetry, RequestRetrySettings};
+use super::wire::{AssistantMessage, ChatRequest, ChatResponse};
+
+/// A value that must never reach a log line.
+#[derive(Clone, PartialEq, Eq)]
+pub struct Secret(Arc<str>);
+
+impl Secret {
+    pub fn new(value: impl Into<Arc<str>>) -> Self {
+        Secret(value.into())
+    }
+
+    pub fn expose(&self) -> &str {
+        &self.0
+    }
+}
+
+impl fmt::Debug for Secret {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str("Secret(***)")
+    }
+}
+
+/// Where the model is and how to reach it.
+#[derive(Clone, Debug)]
+pub struct ModelEndpoint {
+    /// Base URL, such as `https://api.openai.com/v1`; `/chat/completions` is appended.
+    pub base_url: String,
+    pub api_key: Option<Secret>,
+    pub model: String,
+}
+
+/// One chat-completions request: the serialized body, cloned cheaply for each retry.
+#[derive(Clone, Debug)]
+pub struct ModelCall {
+    pub body: Bytes,
+    /// The loop round this request belongs to (1 = the first request of a loop attempt).
+    pub round: u32,
+    /// 1 for the first send, 2 for the first retry, …
+    pub attempt: u32,
+}
+
+#[derive(Clone)]
+pub struct ModelClient {
+    stack: BoxCloneSyncService<ModelCall, ChatResponse, BoxError>,
+    model: Arc<str>,
+}
+
+impl ModelClient {
+    pub fn new(endpoint: &ModelEndpoint, retry: &RequestRetrySettings) -> Result<Self, BoxError> {
+        // One TLS provider for the process: ring, which sqlx's rustls already brings.
+        let _ = rustls::crypto::ring::default_provider().install_default();
+        let http = reqwest::Client::builder()
+            .tcp_nodelay(true)
+            .pool_idle_timeout(Duration::from_secs(90))
+            .build()?;
+        let transport = Transport {
+            http,
+            url: format!(
+                "{}/chat/completions",
+                endpoint.base_url.trim_end_matches('/')
+            )
+            .into(),
+            api_key: endpoint.api_key.clone(),
+        };
+        let stack = ServiceBuilder::new()
+            .retry(RequestRetry::new(retry))
+            .timeout(retry.timeout)
+            .service(transport);
+        Ok(ModelClient {
+            stack: BoxCloneSyncService::new(stack),
+            model: endpoint.model.as_str().into(),
+        })
+    }
+
+    pub fn model(&self) -> &str {
+        &self.model
+    }
+
+    /// Sends one round of the conversation and returns the model's message.
+    pub async fn complete(
+        &self,
+        request: &ChatRequest,
+        round: u32,
+    ) -> Result<AssistantMessage, ModelError> {
+        let body = serde_json::to_vec(request).expect("chat requests always serialize");
+        let call = ModelCall {
+            body: Bytes::from(body),
+            round,
+            attempt: 1,
+        };
+        let response = self.stack.clone().oneshot(call).await.map_err(|err| {
+            match err.downcast::<ModelError>() {
+                Ok(model_err) => *model_err,
+                Err(other) => ModelError::new(ModelErrorKind::Malformed(other.to_string())),
+            }
+        })?;
+        response
+            .choices
+            .into_iter()
+            .next()
+            .map(|choice| choice.message)
+            .ok_or_else(|| {
+                ModelError::new(ModelErrorKind::Malformed(
+                    "the answer has no choices".into(),
+                ))
+            })
+    }
+}
+
+/// The innermost service: one POST, one answer, no retries of its own.
+#[derive(Clone)]
+struct Transport {
+    http: reqwest::Client,
+    url: Arc<str>,
+    api_key: Option<Secret>,
+}
+
+impl Service<ModelCall> for Transport {
+    type Response = ChatResponse;
+    type Error = ModelError;
+    type Future = Pin<Box<dyn Future<Output = Result<ChatResponse, ModelError>> + Send>>;
+
+    fn poll_ready(&mut self, _cx: &mut Context<'_>) -> Poll<Result<(), ModelError>> {
+        Poll::Ready(Ok(()))
+    }
+
+    fn call(&mut self, call: ModelCall) -> Self::Future {
+        let this = self.clone();
+        Box::pin(async move { this.send(call).await })
+    }
+}
+
+impl Transport {
+    async fn send(&self, call: ModelCall) -> Result<ChatResponse, ModelError> {
+        tracing::debug!(
+            round = call.round,
+            attempt = call.attempt,
+            body = %String::from_utf8_lossy(&call.body),
+            "model request"
+        );
+        let mut request = self
+            .http
+            .post(&*self.url)
+            .header(CONTENT_TYPE, "application/json")
+            .body(call.body);
+        if let Some(key) = &self.api_key {
+            request = request.bearer_auth(key.expose());
+        }
+        let response = request.send().await.map_err(|err| {
+            ModelError::new(if err.is_connect() {
+                ModelErrorKind::Connect(err)
+            } else {
+                ModelErrorKind::Transport(err)
+            })
+        })?;
+        let status = response.status();
+        let retry_after = retry_after(response.headers());
+        let body = response
+            .bytes()
+            .await
+            .map_err(|err| ModelError::new(ModelErrorKind::Transport(err)))?;
+        tracing::debug!(
+            round = call.round,
+            attempt = call.attempt,
+            status = status.as_u16(),
+            body = %String::from_utf8_lossy(&body),
+            "model response"
+        );
+        if !status.is_success() {
+            let (code, message) = error_fields(&body);
+            return Err(ModelError::new(ModelErrorKind::Status {
+                status: status.as_u16(),
+                code,
+                message,
+                retry_after,
+            }));
+        }
+        serde_json::from_slice(&body)
+            .map_err(|err| ModelError::new(ModelErrorKind::Malformed(err.to_string())))
+    }
+}
+
+/// `Retry-After` as delay-seconds or an HTTP date.
+fn retry_after(headers: &HeaderMap) -> Option<Duration> {
+    let value = headers.get(RETRY_AFTER)?.to_str().ok()?.trim();
+    if let Ok(seconds) = value.parse::<u64>() {
+        return Some(Duration::from_secs(seconds));
+    }
+    let date = httpdate::parse_http_date(value).ok()?;
+    Some(
+        date.duration_since(SystemTime::now())
+            .unwrap_or(Duration::ZERO),
+    )
+}
+
+/// The `code` and `message` of an OpenAI-style error body, or the body's start.
+fn error_fields(body: &[u8]) -> (Option<String>, String) {
+    let parsed: Option<serde_json::Value> = serde_json::from_slice(body).ok();
+    let error = parsed.as_ref().and_then(|v| v.get("error"));
+    let code = error.and_then(|e| e.get("code")).and_then(|c| match c {
+        serde_json::Value::String(s) => Some(s.clone()),
+        serde_json::Value::Number(n) => Some(n.to_string()),
+        _ => None,
+    });
+    let message = error
+        .and_then(|e| {
+            e.get("message")
+                .and_then(|m| m.as_str())
+                .or_else(|| e.as_str())
+        })
+        .map(str::to_owned)
+        .unwrap_or_else(|| String::from_utf8_lossy(&body[..body.len().min(200)]).into_owned());
+    (code, message)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use reqwest::header::HeaderValue;
+
+    #[test]
+    fn retry_after_reads_seconds_and_dates() {
+        let mut headers = HeaderMap::new();
+        headers.insert(RETRY_AFTER, HeaderValue::from_static("3"));
+        assert_eq!(retry_after(&headers), Some(Duration::from_secs(3)));
+        let in_two = httpdate::fmt_http_date(SystemTime::now() + Duration::from_secs(2));
+        headers.insert(RETRY_AFTER, HeaderValue::from_str(&in_two).unwrap());
+        let wait = retry_after(&headers).unwrap();
+        assert!(
+            wait <= Duration::from_secs(2) && wait >= Duration::from_secs(1),
+            "{wait:?}"
+        );
+        headers.insert(RETRY_AFTER, HeaderValue::from_static("soon"));
+        assert_eq!(retry_after(&headers), None);
+    }
+
+    #[test]
+    fn error_bodies_give_their_code() {
+        let body = br#"{"error":{"message":"You exceeded your current quota","type":"insufficient_quota","code":"insufficient_quota"}}"#;
+        assert_eq!(
+            error_fields(body),
+            (
+                Some("insufficient_quota".into()),
+                "You exceeded your current quota".into()
+            )
+        );
+        assert_eq!(
+            error_fields(b"upstream down"),
+            (None, "upstream down".into())
+        );
+    }
+
+    #[test]
+    fn secrets_do_not_print() {
+        let endpoint = ModelEndpoint {
+            base_url: "http://x".into(),
+            api_key: Some(Secret::new("sk-live-123")),
+            model: "m".into(),
+        };
+        assert!(!format!("{endpoint:?}").contains("sk-live-123"));
+    }
+}

@@ -1,0 +1,61 @@
+use super::keys::{ChargeKey, OperationKey, OrderId};
+use super::money::Money;
+use super::store::{ChargeOutcome, Receipt, ReceiptStore, Receipts};
+use crate::db::StoreError;
+
+/// Takes payments. `charge` cannot be called without a [`ChargeKey`], and only a validated
+/// [`super::Order`] makes one: the exactly-once contract is in the signature.
+#[derive(Clone, Debug)]
+pub struct PaymentGateway {
+    store: Receipts,
+}
+
+/// A charge that went through, now or earlier.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Charged {
+    pub receipt: Receipt,
+    /// True when this call made the receipt; false when it found the earlier one.
+    pub created: bool,
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum ChargeError {
+    #[error("order {} was already charged {}, not {asked}", .existing.order_id, .existing.amount)]
+    AmountConflict { existing: Receipt, asked: Money },
+    #[error(transparent)]
+    Store(#[from] StoreError),
+}
+
+impl PaymentGateway {
+    pub fn new(store: Receipts) -> Self {
+        PaymentGateway { store }
+    }
+
+    /// Charges the key's order `amount`, once. Calling it again for the same order and
+    /// amount returns the first receipt; another amount is refused and changes nothing.
+    pub async fn charge(
+        &self,
+        key: &ChargeKey,
+        amount: Money,
+        operation: &OperationKey,
+    ) -> Result<Charged, ChargeError> {
+        match self.store.charge(key, amount, operation).await? {
+            ChargeOutcome::Created(receipt) => Ok(Charged {
+                receipt,
+                created: true,
+            }),
+            ChargeOutcome::Existing(receipt) => Ok(Charged {
+                receipt,
+                created: false,
+            }),
+            ChargeOutcome::AmountConflict(existing) => Err(ChargeError::AmountConflict {
+                existing,
+                asked: amount,
+            }),
+        }
+    }
+
+    pub async fn receipt(&self, order: &OrderId) -> Result<Option<Receipt>, StoreError> {
+        self.store.receipt(order).await
+    }
+}

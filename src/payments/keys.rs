@@ -1,0 +1,199 @@
+//! The order a client asked to pay, and the keys that make paying it happen once.
+//!
+//! Parse, don't validate: each type here has one way in, and that way checks its input.
+//! [`ChargeKey`] has no public constructor at all: it is taken from an [`Order`], which
+//! only the handler's validation builds. Nothing here implements `Deserialize` or
+//! `FromStr` for a key, so a tool argument written by the model cannot become one:
+//!
+//! ```compile_fail
+//! // A model's JSON cannot be turned into a charge key.
+//! let key: checkout::payments::ChargeKey = serde_json::from_str(r#""A-100""#).unwrap();
+//! ```
+//!
+//! ```compile_fail
+//! // Nor can a string: the gateway's signature asks for the key type.
+//! # async fn f(gateway: checkout::payments::PaymentGateway, op: checkout::payments::OperationKey) {
+//! gateway.charge("A-100".to_string(), todo!(), &op).await;
+//! # }
+//! ```
+
+use std::fmt;
+
+use super::money::Money;
+
+/// A validated order id: 1–64 of `A-Z a-z 0-9 . _ : -`, starting with a letter or digit.
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+pub struct OrderId(String);
+
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum OrderIdError {
+    #[error("must not be empty")]
+    Empty,
+    #[error("is {0} characters long; the most is 64")]
+    TooLong(usize),
+    #[error("must start with a letter or a digit")]
+    BadStart,
+    #[error("may hold only letters, digits and . _ : - (found {0:?})")]
+    BadCharacter(char),
+}
+
+impl OrderId {
+    pub const MAX_LEN: usize = 64;
+
+    pub fn parse(text: &str) -> Result<OrderId, OrderIdError> {
+        let len = text.chars().count();
+        if len == 0 {
+            return Err(OrderIdError::Empty);
+        }
+        if len > Self::MAX_LEN {
+            return Err(OrderIdError::TooLong(len));
+        }
+        if let Some(bad) = text
+            .chars()
+            .find(|c| !(c.is_ascii_alphanumeric() || matches!(c, '.' | '_' | ':' | '-')))
+        {
+            return Err(OrderIdError::BadCharacter(bad));
+        }
+        if !text.starts_with(|c: char| c.is_ascii_alphanumeric()) {
+            return Err(OrderIdError::BadStart);
+        }
+        Ok(OrderId(text.to_owned()))
+    }
+
+    pub fn as_str(&self) -> &str {
+        &self.0
+    }
+}
+
+impl fmt::Display for OrderId {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(&self.0)
+    }
+}
+
+/// What the client authorized: this order, for exactly this amount.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Order {
+    id: OrderId,
+    amount: Money,
+}
+
+impl Order {
+    pub fn new(id: OrderId, amount: Money) -> Self {
+        Order { id, amount }
+    }
+
+    pub fn id(&self) -> &OrderId {
+        &self.id
+    }
+
+    pub fn amount(&self) -> Money {
+        self.amount
+    }
+
+    /// The key that makes this order's charge happen once: one order, one charge.
+    pub fn charge_key(&self) -> ChargeKey {
+        ChargeKey(self.id.clone())
+    }
+}
+
+/// The idempotency key of a charge. Only an [`Order`] makes one, so every charge is
+/// keyed by the order the client asked for, never by anything the model wrote.
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+pub struct ChargeKey(OrderId);
+
+impl ChargeKey {
+    pub fn order_id(&self) -> &OrderId {
+        &self.0
+    }
+}
+
+/// Names one HTTP operation: the client's `Idempotency-Key`, or a UUIDv7 minted by the
+/// handler before anything is retried.
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+pub struct OperationKey(String);
+
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum OperationKeyError {
+    #[error("must be 1 to 255 characters long, got {0}")]
+    Length(usize),
+    #[error("may hold only printable ASCII (found {0:?})")]
+    BadCharacter(char),
+}
+
+impl OperationKey {
+    pub const MAX_LEN: usize = 255;
+
+    /// A fresh key for a request that brought none. UUIDv7 sorts by time, so keys in the
+    /// receipts table read in the order their operations started.
+    pub fn mint() -> OperationKey {
+        OperationKey(uuid::Uuid::now_v7().to_string())
+    }
+
+    /// A client's key: 1–255 characters of printable ASCII (space to `~`).
+    pub fn from_client(text: &str) -> Result<OperationKey, OperationKeyError> {
+        if text.is_empty() || text.len() > Self::MAX_LEN {
+            return Err(OperationKeyError::Length(text.chars().count()));
+        }
+        if let Some(bad) = text.chars().find(|c| !(' '..='~').contains(c)) {
+            return Err(OperationKeyError::BadCharacter(bad));
+        }
+        Ok(OperationKey(text.to_owned()))
+    }
+
+    pub fn as_str(&self) -> &str {
+        &self.0
+    }
+}
+
+impl fmt::Display for OperationKey {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(&self.0)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn order_ids_follow_the_contract() {
+        for ok in ["A-100", "a", "9", "ord_1.2:3-x", &"x".repeat(64)] {
+            assert!(OrderId::parse(ok).is_ok(), "{ok:?} refused");
+        }
+        assert_eq!(OrderId::parse(""), Err(OrderIdError::Empty));
+        assert_eq!(
+            OrderId::parse(&"x".repeat(65)),
+            Err(OrderIdError::TooLong(65))
+        );
+        assert_eq!(OrderId::parse("-A"), Err(OrderIdError::BadStart));
+        assert_eq!(OrderId::parse("A 1"), Err(OrderIdError::BadCharacter(' ')));
+        assert_eq!(OrderId::parse("A/1"), Err(OrderIdError::BadCharacter('/')));
+        assert_eq!(OrderId::parse("Aé"), Err(OrderIdError::BadCharacter('é')));
+    }
+
+    #[test]
+    fn operation_keys_are_printable_ascii_up_to_255() {
+        assert!(OperationKey::from_client("a b~!").is_ok());
+        assert!(OperationKey::from_client(&"k".repeat(255)).is_ok());
+        assert_eq!(
+            OperationKey::from_client(&"k".repeat(256)),
+            Err(OperationKeyError::Length(256))
+        );
+        assert_eq!(
+            OperationKey::from_client(""),
+            Err(OperationKeyError::Length(0))
+        );
+        assert_eq!(
+            OperationKey::from_client("a\tb"),
+            Err(OperationKeyError::BadCharacter('\t'))
+        );
+    }
+
+    #[test]
+    fn minted_operation_keys_are_uuid_v7() {
+        let key = OperationKey::mint();
+        let uuid = uuid::Uuid::parse_str(key.as_str()).unwrap();
+        assert_eq!(uuid.get_version_num(), 7);
+    }
+}

@@ -1,0 +1,11 @@
+//! Money, keys, the payment gateway and the receipts it keeps.
+
+pub mod gateway;
+pub mod keys;
+pub mod money;
+pub mod store;
+
+pub use gateway::{ChargeError, Charged, PaymentGateway};
+pub use keys::{ChargeKey, OperationKey, Order, OrderId};
+pub use money::{Currency, Money};
+pub use store::{ChargeOutcome, Receipt, ReceiptStore, Receipts};

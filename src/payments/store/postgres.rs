@@ -1,0 +1,80 @@
+use chrono::{DateTime, Utc};
+use sqlx::Row;
+use sqlx::postgres::{PgPool, PgRow};
+use uuid::Uuid;
+
+use super::{NewReceipt, Receipt, ReceiptStore, outcome, receipt_from_columns};
+use crate::db::StoreError;
+use crate::payments::keys::{ChargeKey, OperationKey, OrderId};
+use crate::payments::money::Money;
+use crate::payments::store::ChargeOutcome;
+
+#[derive(Clone, Debug)]
+pub struct PgReceipts {
+    pool: PgPool,
+}
+
+impl PgReceipts {
+    pub fn new(pool: PgPool) -> Self {
+        PgReceipts { pool }
+    }
+}
+
+const INSERT: &str = "\
+    INSERT INTO receipts (id, order_id, amount_minor, currency, operation_key, created_at) \
+    VALUES ($1, $2, $3, $4, $5, $6) \
+    ON CONFLICT (order_id) DO NOTHING \
+    RETURNING id, order_id, amount_minor, currency, operation_key, created_at";
+
+const SELECT: &str = "\
+    SELECT id, order_id, amount_minor, currency, operation_key, created_at \
+    FROM receipts WHERE order_id = $1";
+
+impl ReceiptStore for PgReceipts {
+    async fn charge(
+        &self,
+        key: &ChargeKey,
+        amount: Money,
+        operation: &OperationKey,
+    ) -> Result<ChargeOutcome, StoreError> {
+        let new = NewReceipt::now();
+        let inserted = sqlx::query(INSERT)
+            .bind(new.id)
+            .bind(key.order_id().as_str())
+            .bind(amount.minor())
+            .bind(amount.currency().code())
+            .bind(operation.as_str())
+            .bind(new.created_at)
+            .fetch_optional(&self.pool)
+            .await?;
+        if let Some(row) = inserted {
+            return Ok(outcome(from_row(&row)?, true, amount));
+        }
+        // The insert lost to an earlier or concurrent charge. Under READ COMMITTED this
+        // second statement takes a fresh snapshot, so it sees the winner's row even when
+        // the winner committed while our insert was waiting on it.
+        let existing = self.receipt(key.order_id()).await?.ok_or_else(|| {
+            StoreError::Corrupt(format!("receipt for {} vanished", key.order_id()))
+        })?;
+        Ok(outcome(existing, false, amount))
+    }
+
+    async fn receipt(&self, order: &OrderId) -> Result<Option<Receipt>, StoreError> {
+        let row = sqlx::query(SELECT)
+            .bind(order.as_str())
+            .fetch_optional(&self.pool)
+            .await?;
+        row.as_ref().map(from_row).transpose()
+    }
+}
+
+fn from_row(row: &PgRow) -> Result<Receipt, StoreError> {
+    receipt_from_columns(
+        row.try_get::<Uuid, _>("id")?,
+        row.try_get::<&str, _>("order_id")?,
+        row.try_get::<i64, _>("amount_minor")?,
+        row.try_get::<&str, _>("currency")?,
+        row.try_get::<String, _>("operation_key")?,
+        row.try_get::<DateTime<Utc>, _>("created_at")?,
+    )
+}
