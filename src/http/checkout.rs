@@ -1,7 +1,8 @@
 //! `POST /checkout`: validate, make the keys, run the assistant, answer.
 
 use axum::body::Bytes;
-use axum::extract::{Query, State, rejection::QueryRejection};
+use axum::extract::rejection::{BytesRejection, QueryRejection};
+use axum::extract::{Query, State};
 use axum::http::{HeaderMap, StatusCode, header};
 use axum::response::{IntoResponse, Response};
 use serde::{Deserialize, Serialize};
@@ -114,8 +115,15 @@ pub async fn checkout(
     State(app): State<AppState>,
     headers: HeaderMap,
     query: Result<Query<CheckoutQuery>, QueryRejection>,
-    body: Bytes,
+    body: Result<Bytes, BytesRejection>,
 ) -> Response {
+    let body = match body {
+        Ok(body) => body,
+        Err(err) => {
+            return Problem::invalid("body", format!("cannot read the body: {}", err.body_text()))
+                .into_response();
+        }
+    };
     let order = match read_order(&headers, query, &body, app.settings().max_amount) {
         Ok(order) => order,
         Err(problem) => return problem.into_response(),

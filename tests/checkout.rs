@@ -1,0 +1,420 @@
+//! POST /checkout through real HTTP, with the scripted model on loopback: the happy path,
+//! the repeated charge, the amount conflict, validation, receipts, health, concurrency.
+
+mod common;
+
+use common::{Backend, Harness, Reply};
+use serde_json::Value;
+
+fn is_uuid_v7(text: &str) -> bool {
+    uuid::Uuid::parse_str(text).is_ok_and(|u| u.get_version_num() == 7)
+}
+
+both_backends!(
+    happy_path_charges_once_in_two_model_requests,
+    |backend| async move {
+        let h = Harness::start(backend).await;
+        let reply = h.checkout("A-100", "42.50").await;
+        assert_eq!(reply.status, 200, "{}", reply.text());
+        assert_eq!(reply.header("content-type"), Some("application/json"));
+        let body = reply.json();
+        assert_eq!(body["orderId"], "A-100");
+        assert_eq!(body["amount"], "42.50");
+        assert_eq!(body["currency"], "USD");
+        assert_eq!(body["charged"], true);
+        assert_eq!(body["attempts"], 1);
+        assert!(is_uuid_v7(body["operationKey"].as_str().unwrap()), "{body}");
+        let receipt = &body["receipt"];
+        assert_eq!(receipt["orderId"], "A-100");
+        assert_eq!(receipt["amount"], "42.50");
+        assert_eq!(receipt["currency"], "USD");
+        let receipt_id = receipt["id"].as_str().unwrap();
+        assert!(
+            body["message"].as_str().unwrap().contains(receipt_id),
+            "{body}"
+        );
+        assert_eq!(h.db.receipts("A-100").await, 1);
+        assert_eq!(h.model.requests(), 2, "one round to charge, one to confirm");
+        let stored = h.get("/receipts/A-100").await;
+        assert_eq!(stored.status, 200);
+        assert_eq!(stored.json(), *receipt);
+    }
+);
+
+both_backends!(
+    repeated_checkout_returns_the_first_receipt,
+    |backend| async move {
+        let h = Harness::start(backend).await;
+        let first = h.checkout("A-101", "19.99").await.json();
+        let second = h.checkout("A-101", "19.99").await;
+        assert_eq!(second.status, 200, "{}", second.text());
+        let second = second.json();
+        assert_eq!(second["charged"], false);
+        assert_eq!(second["receipt"], first["receipt"]);
+        assert_ne!(second["operationKey"], first["operationKey"]);
+        assert_eq!(h.db.receipts("A-101").await, 1);
+        assert_eq!(h.model.requests(), 4);
+    }
+);
+
+both_backends!(
+    another_amount_is_409_amount_conflict_and_changes_nothing,
+    |backend| async move {
+        let h = Harness::start(backend).await;
+        let first = h.checkout("A-102", "10.00").await.json();
+        let conflict = h.checkout("A-102", "10.01").await;
+        let problem = conflict.problem(409);
+        assert_eq!(problem["code"], "amount_conflict");
+        assert_eq!(problem["receiptId"], first["receipt"]["id"]);
+        assert_eq!(problem["chargedAmount"], "10.00");
+        assert_eq!(h.db.receipts("A-102").await, 1);
+        assert_eq!(h.get("/receipts/A-102").await.json()["amount"], "10.00");
+    }
+);
+
+#[tokio::test]
+async fn amounts_that_floats_get_wrong_are_charged_exactly() {
+    let h = Harness::start(Backend::Sqlite).await;
+    for (order, amount) in [
+        ("F-1", "0.29"),
+        ("F-2", "1.15"),
+        ("F-3", "19.99"),
+        ("F-4", "1000000.00"),
+    ] {
+        let body = h.checkout(order, amount).await.json();
+        assert_eq!(body["receipt"]["amount"], amount, "{body}");
+    }
+    let count =
+        h.db.count(
+            "SELECT count(*) FROM receipts WHERE amount_minor IN (29, 115, 1999, 100000000)",
+            None,
+        )
+        .await;
+    assert_eq!(count, 4);
+}
+
+#[tokio::test]
+async fn text_plain_gives_the_confirmation_sentence_alone() {
+    let h = Harness::start(Backend::Sqlite).await;
+    let reply = h
+        .post(
+            "/checkout?orderId=T-1&amount=5",
+            &[("accept", "text/plain")],
+            None,
+        )
+        .await;
+    assert_eq!(reply.status, 200);
+    assert_eq!(
+        reply.header("content-type"),
+        Some("text/plain; charset=utf-8")
+    );
+    let receipt = h.get("/receipts/T-1").await.json();
+    assert_eq!(
+        reply.text(),
+        format!(
+            "Your payment of 5.00 USD for order T-1 went through; your receipt is {}.",
+            receipt["id"].as_str().unwrap()
+        )
+    );
+}
+
+#[tokio::test]
+async fn a_json_body_works_with_string_or_number_amounts() {
+    let h = Harness::start(Backend::Sqlite).await;
+    let reply = h
+        .post(
+            "/checkout",
+            &[],
+            Some(r#"{"orderId":"J-1","amount":"12.30","currency":"EUR"}"#),
+        )
+        .await;
+    assert_eq!(reply.status, 200, "{}", reply.text());
+    assert_eq!(reply.json()["receipt"]["currency"], "EUR");
+    let reply = h
+        .post("/checkout", &[], Some(r#"{"orderId":"J-2","amount":0.29}"#))
+        .await;
+    assert_eq!(reply.status, 200, "{}", reply.text());
+    assert_eq!(reply.json()["receipt"]["amount"], "0.29");
+    let reply = h
+        .post(
+            "/checkout?orderId=J-3&amount=7",
+            &[],
+            Some(r#"{"orderId":"J-3"}"#),
+        )
+        .await;
+    assert_eq!(
+        reply.status,
+        200,
+        "query and body may agree: {}",
+        reply.text()
+    );
+    assert_eq!(h.db.all_receipts().await, 3);
+}
+
+/// Every invalid request: 400 problem+json naming the field, no model request, no receipt.
+#[tokio::test]
+async fn each_invalid_request_is_a_400_naming_the_field_and_charges_nothing() {
+    let h = Harness::start(Backend::Sqlite).await;
+    let big = format!(
+        r#"{{"orderId":"B-1","amount":"1","pad":"{}"}}"#,
+        "x".repeat(20_000)
+    );
+    let long_id = format!("/checkout?orderId={}&amount=1", "a".repeat(65));
+    let no_header: &[(&str, &str)] = &[];
+    // (case, path, headers, body, the field the 400 must name)
+    let cases = [
+        (
+            "missing amount",
+            "/checkout?orderId=V-1",
+            no_header,
+            None,
+            "amount",
+        ),
+        (
+            "missing order",
+            "/checkout?amount=1",
+            no_header,
+            None,
+            "orderId",
+        ),
+        (
+            "malformed amount",
+            "/checkout?orderId=V-1&amount=4x",
+            no_header,
+            None,
+            "amount",
+        ),
+        (
+            "negative amount",
+            "/checkout?orderId=V-1&amount=-1",
+            no_header,
+            None,
+            "amount",
+        ),
+        (
+            "zero amount",
+            "/checkout?orderId=V-1&amount=0.00",
+            no_header,
+            None,
+            "amount",
+        ),
+        (
+            "too precise",
+            "/checkout?orderId=V-1&amount=1.001",
+            no_header,
+            None,
+            "amount",
+        ),
+        (
+            "too precise for JPY",
+            "/checkout?orderId=V-1&amount=1.5&currency=JPY",
+            no_header,
+            None,
+            "amount",
+        ),
+        (
+            "too large",
+            "/checkout?orderId=V-1&amount=1000000.01",
+            no_header,
+            None,
+            "amount",
+        ),
+        (
+            "exponent",
+            "/checkout?orderId=V-1&amount=1e3",
+            no_header,
+            None,
+            "amount",
+        ),
+        (
+            "unknown currency",
+            "/checkout?orderId=V-1&amount=1&currency=XYZ",
+            no_header,
+            None,
+            "currency",
+        ),
+        (
+            "bad order id",
+            "/checkout?orderId=-V&amount=1",
+            no_header,
+            None,
+            "orderId",
+        ),
+        ("order id too long", &long_id, no_header, None, "orderId"),
+        (
+            "order id character",
+            "/checkout?orderId=V%2F1&amount=1",
+            no_header,
+            None,
+            "orderId",
+        ),
+        (
+            "unknown parameter",
+            "/checkout?orderId=V-1&amount=1&ammount=2",
+            no_header,
+            None,
+            "query",
+        ),
+        (
+            "query and body disagree",
+            "/checkout?orderId=V-1&amount=1",
+            no_header,
+            Some(r#"{"orderId":"V-2"}"#),
+            "orderId",
+        ),
+        (
+            "body not JSON",
+            "/checkout",
+            no_header,
+            Some("orderId=V-1"),
+            "body",
+        ),
+        (
+            "body unknown field",
+            "/checkout",
+            no_header,
+            Some(r#"{"orderId":"V-1","amount":"1","tip":"2"}"#),
+            "body",
+        ),
+        (
+            "body amount not a number",
+            "/checkout",
+            no_header,
+            Some(r#"{"orderId":"V-1","amount":true}"#),
+            "amount",
+        ),
+        (
+            "oversize body",
+            "/checkout",
+            no_header,
+            Some(big.as_str()),
+            "body",
+        ),
+        (
+            "bad idempotency key",
+            "/checkout?orderId=V-1&amount=1",
+            &[("idempotency-key", "\"unterminated")],
+            None,
+            "Idempotency-Key",
+        ),
+    ];
+    for (name, path, headers, body, field) in cases {
+        let reply = h.post(path, headers, body).await;
+        let problem = reply.problem(400);
+        assert_eq!(problem["code"], "invalid_request", "{name}: {problem}");
+        assert_eq!(problem["field"], field, "{name}: {problem}");
+        assert_eq!(problem["status"], 400, "{name}");
+        assert!(!problem["detail"].as_str().unwrap().is_empty(), "{name}");
+    }
+    let wrong_type = reqwest::Client::new()
+        .post(h.url("/checkout"))
+        .header("content-type", "text/xml")
+        .body("<order/>")
+        .send()
+        .await
+        .unwrap();
+    let wrong_type = Reply::read(wrong_type).await;
+    assert_eq!(wrong_type.problem(400)["field"], "Content-Type");
+    assert_eq!(
+        h.model.requests(),
+        0,
+        "no invalid request reaches the model"
+    );
+    assert_eq!(h.db.all_receipts().await, 0);
+}
+
+#[tokio::test]
+async fn receipts_are_404_until_charged_and_400_for_a_bad_id() {
+    let h = Harness::start(Backend::Sqlite).await;
+    assert_eq!(
+        h.get("/receipts/R-1").await.problem(404)["code"],
+        "not_found"
+    );
+    assert_eq!(
+        h.get("/receipts/-bad").await.problem(400)["field"],
+        "orderId"
+    );
+    h.checkout("R-1", "3.00").await;
+    assert_eq!(h.get("/receipts/R-1").await.json()["amount"], "3.00");
+}
+
+#[tokio::test]
+async fn health_says_which_database_and_which_model() {
+    let h = Harness::start(Backend::Sqlite).await;
+    assert_eq!(h.get("/health/live").await.json()["status"], "live");
+    let ready = h.get("/health/ready").await.json();
+    assert_eq!(ready["status"], "ready");
+    assert_eq!(ready["database"], "sqlite");
+    // The harness points the service at a scripted model of its own, as OPENAI_BASE_URL.
+    assert_eq!(ready["model"]["provider"], "openai-compatible");
+    assert_eq!(ready["model"]["baseUrl"], h.model.base_url());
+}
+
+#[tokio::test]
+async fn unknown_paths_and_methods_answer_problem_json() {
+    let h = Harness::start(Backend::Sqlite).await;
+    assert_eq!(h.get("/nope").await.problem(404)["code"], "not_found");
+    let reply = h.get("/checkout").await;
+    assert_eq!(reply.problem(405)["code"], "method_not_allowed");
+    assert_eq!(reply.header("allow"), Some("POST"));
+}
+
+#[tokio::test]
+async fn the_openapi_document_describes_every_field_and_error() {
+    let h = Harness::start(Backend::Sqlite).await;
+    let doc = h.get("/api-docs/openapi.json").await.json();
+    assert_eq!(
+        doc,
+        serde_json::to_value(checkout::http::openapi()).unwrap()
+    );
+    let post = &doc["paths"]["/checkout"]["post"];
+    let params: Vec<&str> = post["parameters"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|p| p["name"].as_str().unwrap())
+        .collect();
+    assert_eq!(params, ["orderId", "amount", "currency", "Idempotency-Key"]);
+    let statuses: Vec<&str> = post["responses"]
+        .as_object()
+        .unwrap()
+        .keys()
+        .map(String::as_str)
+        .collect();
+    assert_eq!(statuses, ["200", "400", "409", "422", "502", "503", "504"]);
+    assert!(post["responses"]["200"]["content"]["text/plain"].is_object());
+    assert!(post["responses"]["200"]["content"]["application/json"].is_object());
+    // Optional: absent `required` means false in OpenAPI.
+    assert!(post["requestBody"]["content"]["application/json"].is_object());
+    assert_ne!(post["requestBody"]["required"], Value::Bool(true));
+    for path in ["/receipts/{orderId}", "/health/live", "/health/ready"] {
+        assert!(doc["paths"][path]["get"].is_object(), "{path}");
+    }
+    let ui = h.get("/swagger-ui/").await;
+    assert_eq!(ui.status, 200);
+    assert!(ui.text().contains("swagger"), "{}", ui.text());
+}
+
+both_backends!(
+    fifty_concurrent_checkouts_of_one_order_make_one_receipt,
+    |backend| async move {
+        let h = std::sync::Arc::new(Harness::start(backend).await);
+        let mut tasks = tokio::task::JoinSet::new();
+        for _ in 0..50 {
+            let h = h.clone();
+            tasks.spawn(async move { h.checkout("RACE-1", "7.77").await });
+        }
+        let mut receipt_ids = std::collections::HashSet::new();
+        let mut charged = 0;
+        while let Some(reply) = tasks.join_next().await {
+            let reply = reply.unwrap();
+            assert_eq!(reply.status, 200, "{}", reply.text());
+            let body = reply.json();
+            receipt_ids.insert(body["receipt"]["id"].as_str().unwrap().to_owned());
+            charged += usize::from(body["charged"] == true);
+        }
+        assert_eq!(receipt_ids.len(), 1, "every answer carries the one receipt");
+        assert_eq!(charged, 1, "exactly one answer made the charge");
+        assert_eq!(h.db.receipts("RACE-1").await, 1);
+    }
+);

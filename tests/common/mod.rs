@@ -1,0 +1,449 @@
+//! Shared test helpers: a database of the test's own (a SQLite file, or a fresh schema in
+//! the machine's Postgres), the scripted model on loopback, and the service, either
+//! in-process on port 0 or as a real `checkout` process.
+
+#![allow(dead_code)]
+
+use std::io::{BufRead, BufReader};
+use std::net::SocketAddr;
+use std::process::{Child, Command, Stdio};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use checkout::App;
+use checkout::config::Settings;
+use checkout::model::scripted::{FaultRule, Script, ScriptedModel};
+use serde_json::Value;
+use tokio::sync::oneshot;
+
+/// The Postgres the machine runs; `TEST_DATABASE_URL` points elsewhere.
+pub fn postgres_admin_url() -> String {
+    std::env::var("TEST_DATABASE_URL")
+        .unwrap_or_else(|_| "postgres://postgres@127.0.0.1:5432/checkout_test".into())
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Backend {
+    Sqlite,
+    Postgres,
+}
+
+/// A database only this test uses.
+pub struct TestDb {
+    pub backend: Backend,
+    pub url: String,
+    _dir: Option<tempfile::TempDir>,
+}
+
+impl TestDb {
+    pub async fn new(backend: Backend) -> TestDb {
+        install_tls();
+        match backend {
+            Backend::Sqlite => {
+                let dir = tempfile::tempdir().expect("a temp dir");
+                let url = format!("sqlite://{}", dir.path().join("checkout.db").display());
+                TestDb {
+                    backend,
+                    url,
+                    _dir: Some(dir),
+                }
+            }
+            Backend::Postgres => {
+                let admin = postgres_admin_url();
+                ensure_database(&admin).await;
+                let schema = format!("t_{}", uuid::Uuid::new_v4().simple());
+                let pool = sqlx::PgPool::connect(&admin).await.unwrap_or_else(|e| {
+                    panic!(
+                        "Postgres at {admin} is required for this test and cannot be reached: {e}"
+                    )
+                });
+                sqlx::query(sqlx::AssertSqlSafe(format!("CREATE SCHEMA {schema}")))
+                    .execute(&pool)
+                    .await
+                    .expect("create the test's schema");
+                pool.close().await;
+                let separator = if admin.contains('?') { '&' } else { '?' };
+                TestDb {
+                    backend,
+                    url: format!("{admin}{separator}options[search_path]={schema}"),
+                    _dir: None,
+                }
+            }
+        }
+    }
+
+    /// Rows in `receipts` for `order_id`, read straight from the database.
+    pub async fn receipts(&self, order_id: &str) -> i64 {
+        self.count(
+            "SELECT count(*) FROM receipts WHERE order_id = $1",
+            Some(order_id),
+        )
+        .await
+    }
+
+    /// Rows in `receipts`.
+    pub async fn all_receipts(&self) -> i64 {
+        self.count("SELECT count(*) FROM receipts", None).await
+    }
+
+    /// A `SELECT count(*)` with at most one parameter, `$1`.
+    pub async fn count(&self, sql: &'static str, arg: Option<&str>) -> i64 {
+        match self.backend {
+            Backend::Postgres => {
+                let pool = sqlx::PgPool::connect(&self.url).await.expect("connect");
+                let mut query = sqlx::query_scalar::<_, i64>(sql);
+                if let Some(arg) = arg {
+                    query = query.bind(arg.to_owned());
+                }
+                let n = query.fetch_one(&pool).await.expect("count");
+                pool.close().await;
+                n
+            }
+            Backend::Sqlite => {
+                let sql = sql.replace("$1", "?1");
+                let pool = sqlx::SqlitePool::connect(&self.url).await.expect("connect");
+                let mut query = sqlx::query_scalar::<_, i64>(sqlx::AssertSqlSafe(sql));
+                if let Some(arg) = arg {
+                    query = query.bind(arg.to_owned());
+                }
+                let n = query.fetch_one(&pool).await.expect("count");
+                pool.close().await;
+                n
+            }
+        }
+    }
+}
+
+async fn ensure_database(url: &str) {
+    let (server, name) = url.rsplit_once('/').expect("a database name in the URL");
+    let name = name.split('?').next().unwrap_or(name).to_owned();
+    if sqlx::PgPool::connect(url).await.is_ok() {
+        return;
+    }
+    let pool = sqlx::PgPool::connect(&format!("{server}/postgres"))
+        .await
+        .unwrap_or_else(|e| panic!("Postgres at {server} is required and cannot be reached: {e}"));
+    // Two tests may race to create it; the loser's error is harmless.
+    let _ = sqlx::query(sqlx::AssertSqlSafe(format!("CREATE DATABASE {name}")))
+        .execute(&pool)
+        .await;
+    pool.close().await;
+}
+
+pub fn install_tls() {
+    let _ = rustls::crypto::ring::default_provider().install_default();
+}
+
+/// Settings for tests: short timeouts and backoffs, so a fault costs milliseconds.
+pub fn test_settings(db: &TestDb, model: &ScriptedModel) -> Settings {
+    Settings {
+        listen: SocketAddr::from(([127, 0, 0, 1], 0)),
+        database_url: db.url.clone(),
+        openai_base_url: Some(model.base_url()),
+        request_timeout: Duration::from_millis(400),
+        request_backoff: Duration::from_millis(5),
+        request_backoff_max: Duration::from_millis(20),
+        loop_timeout: Duration::from_millis(3_000),
+        loop_backoff: Duration::from_millis(5),
+        loop_backoff_max: Duration::from_millis(20),
+        server_timeout: Duration::from_millis(20_000),
+        idempotency_lease: Duration::from_millis(1_000),
+        ..Settings::default()
+    }
+}
+
+/// The scripted model and the service, in this process, on port 0.
+pub struct Harness {
+    pub db: TestDb,
+    pub model: ScriptedModel,
+    pub base: String,
+    pub http: reqwest::Client,
+    stop: Option<oneshot::Sender<()>>,
+    served: Option<tokio::task::JoinHandle<std::io::Result<()>>>,
+}
+
+impl Harness {
+    pub async fn start(backend: Backend) -> Harness {
+        Harness::with(backend, "", |_| {}).await
+    }
+
+    /// A harness whose scripted model follows `faults` and whose settings `tune` adjusts.
+    pub async fn with(backend: Backend, faults: &str, tune: impl FnOnce(&mut Settings)) -> Harness {
+        let db = TestDb::new(backend).await;
+        let model = scripted(faults).await;
+        let mut settings = test_settings(&db, &model);
+        tune(&mut settings);
+        Harness::serve(db, model, settings).await
+    }
+
+    pub async fn serve(db: TestDb, model: ScriptedModel, settings: Settings) -> Harness {
+        let listener = tokio::net::TcpListener::bind(settings.listen)
+            .await
+            .expect("bind");
+        let base = format!("http://{}", listener.local_addr().unwrap());
+        let app = App::build(settings).await.expect("the service starts");
+        let (stop, stopped) = oneshot::channel::<()>();
+        let served = tokio::spawn(app.serve(listener, async {
+            let _ = stopped.await;
+        }));
+        Harness {
+            db,
+            model,
+            base,
+            http: client(),
+            stop: Some(stop),
+            served: Some(served),
+        }
+    }
+
+    /// Stops the service and waits until it has finished its in-flight requests.
+    pub async fn stop(&mut self) {
+        if let Some(stop) = self.stop.take() {
+            let _ = stop.send(());
+        }
+        if let Some(served) = self.served.take() {
+            served
+                .await
+                .expect("the server task")
+                .expect("the server stops cleanly");
+        }
+    }
+
+    pub fn url(&self, path: &str) -> String {
+        format!("{}{path}", self.base)
+    }
+
+    /// `POST /checkout?orderId=…&amount=…` and the answer.
+    pub async fn checkout(&self, order_id: &str, amount: &str) -> Reply {
+        self.post(
+            &format!("/checkout?orderId={order_id}&amount={amount}"),
+            &[],
+            None,
+        )
+        .await
+    }
+
+    pub async fn post(&self, path: &str, headers: &[(&str, &str)], json: Option<&str>) -> Reply {
+        post(&self.http, &self.url(path), headers, json).await
+    }
+
+    pub async fn get(&self, path: &str) -> Reply {
+        Reply::read(self.http.get(self.url(path)).send().await.expect("GET")).await
+    }
+}
+
+pub fn client() -> reqwest::Client {
+    install_tls();
+    reqwest::Client::builder()
+        .pool_max_idle_per_host(64)
+        .build()
+        .expect("a client")
+}
+
+pub async fn post(
+    http: &reqwest::Client,
+    url: &str,
+    headers: &[(&str, &str)],
+    json: Option<&str>,
+) -> Reply {
+    let mut request = http.post(url);
+    for (name, value) in headers {
+        request = request.header(*name, *value);
+    }
+    if let Some(json) = json {
+        request = request
+            .header("content-type", "application/json")
+            .body(json.to_owned());
+    }
+    Reply::read(request.send().await.expect("POST")).await
+}
+
+pub async fn scripted(faults: &str) -> ScriptedModel {
+    let script = Script {
+        faults: FaultRule::parse_plan(faults).expect("a valid fault plan"),
+        ..Script::default()
+    };
+    ScriptedModel::start(SocketAddr::from(([127, 0, 0, 1], 0)), script)
+        .await
+        .expect("the scripted model starts")
+}
+
+/// An HTTP answer, read whole.
+#[derive(Clone, Debug)]
+pub struct Reply {
+    pub status: u16,
+    pub headers: reqwest::header::HeaderMap,
+    pub body: bytes::Bytes,
+}
+
+impl Reply {
+    pub async fn read(response: reqwest::Response) -> Reply {
+        let status = response.status().as_u16();
+        let headers = response.headers().clone();
+        let body = response.bytes().await.expect("a body");
+        Reply {
+            status,
+            headers,
+            body,
+        }
+    }
+
+    pub fn json(&self) -> Value {
+        serde_json::from_slice(&self.body)
+            .unwrap_or_else(|e| panic!("not JSON ({e}): {}", self.text()))
+    }
+
+    pub fn text(&self) -> String {
+        String::from_utf8_lossy(&self.body).into_owned()
+    }
+
+    pub fn header(&self, name: &str) -> Option<&str> {
+        self.headers.get(name).and_then(|v| v.to_str().ok())
+    }
+
+    /// The problem's `code`, checking that this is a problem+json answer of `status`.
+    pub fn problem(&self, status: u16) -> Value {
+        assert_eq!(self.status, status, "status; body: {}", self.text());
+        assert_eq!(
+            self.header("content-type"),
+            Some("application/problem+json"),
+            "content type; body: {}",
+            self.text()
+        );
+        self.json()
+    }
+}
+
+/// A `checkout` process, for what needs a real process: restarts, signals, two instances.
+pub struct Process {
+    pub child: Child,
+    pub base: String,
+    logs: Arc<Mutex<Vec<String>>>,
+}
+
+impl Process {
+    /// Starts the binary with these environment variables and waits until it listens.
+    pub fn start(env: &[(&str, &str)]) -> Process {
+        let mut process = Process::spawn(env);
+        let deadline = Instant::now() + Duration::from_secs(20);
+        loop {
+            if let Some(addr) = process
+                .logs()
+                .iter()
+                .find_map(|line| line.split("listening on http://").nth(1).map(str::to_owned))
+            {
+                let addr: String = addr
+                    .chars()
+                    .take_while(|c| c.is_ascii_digit() || *c == '.' || *c == ':')
+                    .collect();
+                process.base = format!("http://{addr}");
+                return process;
+            }
+            if let Ok(Some(status)) = process.child.try_wait() {
+                panic!("checkout exited with {status}: {:#?}", process.logs());
+            }
+            assert!(
+                Instant::now() < deadline,
+                "checkout did not start: {:#?}",
+                process.logs()
+            );
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+
+    /// Starts the binary without waiting for it.
+    pub fn spawn(env: &[(&str, &str)]) -> Process {
+        let mut command = Command::new(env!("CARGO_BIN_EXE_checkout"));
+        command
+            .current_dir(env!("CARGO_MANIFEST_DIR"))
+            .env_remove("OPENAI_API_KEY")
+            .env_remove("OPENAI_BASE_URL")
+            .env_remove("DATABASE_URL")
+            .env_remove("CHECKOUT_CONFIG")
+            .env("CHECKOUT_LISTEN", "127.0.0.1:0")
+            .env("CHECKOUT_LOG_FORMAT", "text")
+            .env("NO_COLOR", "1")
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped());
+        for (name, value) in env {
+            command.env(name, value);
+        }
+        let mut child = command.spawn().expect("spawn checkout");
+        let logs = Arc::new(Mutex::new(Vec::new()));
+        for stream in [
+            Box::new(child.stdout.take().unwrap()) as Box<dyn std::io::Read + Send>,
+            Box::new(child.stderr.take().unwrap()),
+        ] {
+            let logs = logs.clone();
+            std::thread::spawn(move || {
+                for line in BufReader::new(stream).lines().map_while(Result::ok) {
+                    logs.lock().unwrap().push(line);
+                }
+            });
+        }
+        Process {
+            child,
+            base: String::new(),
+            logs,
+        }
+    }
+
+    pub fn logs(&self) -> Vec<String> {
+        self.logs.lock().unwrap().clone()
+    }
+
+    pub fn url(&self, path: &str) -> String {
+        format!("{}{path}", self.base)
+    }
+
+    /// Sends a signal (`TERM`, `KILL`) to the process.
+    pub fn signal(&self, name: &str) {
+        let status = Command::new("kill")
+            .arg(format!("-{name}"))
+            .arg(self.child.id().to_string())
+            .status()
+            .expect("kill");
+        assert!(status.success());
+    }
+
+    /// Waits for the process to exit, up to `limit`.
+    pub fn wait(&mut self, limit: Duration) -> std::process::ExitStatus {
+        let deadline = Instant::now() + limit;
+        loop {
+            if let Some(status) = self.child.try_wait().expect("wait") {
+                return status;
+            }
+            assert!(
+                Instant::now() < deadline,
+                "checkout did not exit: {:#?}",
+                self.logs()
+            );
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+}
+
+impl Drop for Process {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// Runs a test body once against SQLite and once against Postgres.
+#[macro_export]
+macro_rules! both_backends {
+    ($name:ident, $body:expr) => {
+        mod $name {
+            use super::*;
+            #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+            async fn sqlite() {
+                ($body)(Backend::Sqlite).await
+            }
+            #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+            async fn postgres() {
+                ($body)(Backend::Postgres).await
+            }
+        }
+    };
+}

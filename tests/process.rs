@@ -1,0 +1,258 @@
+//! What needs a real `checkout` process: the embedded defaults, restarts, two instances
+//! on one Postgres, signals, exit codes, logs.
+
+mod common;
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use checkout::model::scripted::{Script, ScriptedModel};
+use common::{Backend, Process, Reply, TestDb, client, post, scripted};
+
+async fn checkout(http: &reqwest::Client, process: &Process, order: &str, amount: &str) -> Reply {
+    post(
+        http,
+        &process.url(&format!("/checkout?orderId={order}&amount={amount}")),
+        &[],
+        None,
+    )
+    .await
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_embedded_defaults_serve_with_the_scripted_model_and_say_so() {
+    let dir = tempfile::tempdir().unwrap();
+    let url = format!("sqlite://{}", dir.path().join("checkout.db").display());
+    let process = Process::start(&[("DATABASE_URL", &url)]);
+    let http = client();
+    let ready = Reply::read(http.get(process.url("/health/ready")).send().await.unwrap()).await;
+    let ready = ready.json();
+    assert_eq!(ready["database"], "sqlite");
+    assert_eq!(ready["model"]["provider"], "scripted");
+    assert!(
+        ready["model"]["warning"]
+            .as_str()
+            .unwrap()
+            .contains("scripted model is in use")
+    );
+    let logs = process.logs();
+    assert!(
+        logs.iter()
+            .any(|l| l.contains("WARN") && l.contains("the built-in scripted model is in use")),
+        "{logs:#?}"
+    );
+    let reply = checkout(&http, &process, "E-1", "42.50").await;
+    assert_eq!(reply.status, 200, "{}", reply.text());
+    assert_eq!(reply.json()["receipt"]["amount"], "42.50");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_start_up_log_names_every_layer_outermost_first() {
+    let dir = tempfile::tempdir().unwrap();
+    let url = format!("sqlite://{}", dir.path().join("checkout.db").display());
+    let process = Process::start(&[("DATABASE_URL", &url)]);
+    let logs = process.logs();
+    let position = |needle: &str| {
+        logs.iter()
+            .position(|l| l.contains(needle))
+            .unwrap_or_else(|| panic!("no {needle:?} in {logs:#?}"))
+    };
+    let order = [
+        position("[1] client POST + Idempotency-Key"),
+        position("[2] server timeout: 100000 ms"),
+        position("[3] loop retry: repeats the whole assistant loop up to 2 more time(s)"),
+        position("[4] loop timeout: 30000 ms"),
+        position("[5] request retry: repeats one model request up to 2 more time(s)"),
+        position("[6] request timeout: 10000 ms"),
+        position("it cannot double-charge here because every attempt charges with the charge key"),
+    ];
+    assert!(order.windows(2).all(|w| w[0] < w[1]), "{logs:#?}");
+}
+
+async fn restart_keeps_the_receipt(backend: Backend) {
+    let db = TestDb::new(backend).await;
+    let model = scripted("").await;
+    let env = [
+        ("DATABASE_URL", db.url.as_str()),
+        ("OPENAI_BASE_URL", &*model.base_url()),
+    ];
+    let http = client();
+    let mut first = Process::start(&env);
+    let before = checkout(&http, &first, "S-1", "8.00").await.json();
+    first.signal("TERM");
+    assert!(first.wait(Duration::from_secs(10)).success());
+
+    let second = Process::start(&env);
+    let stored = Reply::read(http.get(second.url("/receipts/S-1")).send().await.unwrap()).await;
+    assert_eq!(stored.json(), before["receipt"]);
+    let after = checkout(&http, &second, "S-1", "8.00").await.json();
+    assert_eq!(after["charged"], false);
+    assert_eq!(after["receipt"], before["receipt"]);
+    assert_eq!(db.receipts("S-1").await, 1);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_receipt_survives_a_restart_on_sqlite() {
+    restart_keeps_the_receipt(Backend::Sqlite).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_receipt_survives_a_restart_on_postgres() {
+    restart_keeps_the_receipt(Backend::Postgres).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn fifty_concurrent_checkouts_across_two_processes_on_one_postgres_make_one_receipt() {
+    let db = TestDb::new(Backend::Postgres).await;
+    let model = scripted("").await;
+    let env = [
+        ("DATABASE_URL", db.url.as_str()),
+        ("OPENAI_BASE_URL", &*model.base_url()),
+    ];
+    let instances = Arc::new([Process::start(&env), Process::start(&env)]);
+    let http = client();
+    let mut tasks = tokio::task::JoinSet::new();
+    for i in 0..50 {
+        let (instances, http) = (instances.clone(), http.clone());
+        tasks.spawn(async move { checkout(&http, &instances[i % 2], "P-RACE", "12.34").await });
+    }
+    let mut ids = std::collections::HashSet::new();
+    let mut charged = 0;
+    while let Some(reply) = tasks.join_next().await {
+        let reply = reply.unwrap();
+        assert_eq!(reply.status, 200, "{}", reply.text());
+        let body = reply.json();
+        ids.insert(body["receipt"]["id"].as_str().unwrap().to_owned());
+        charged += usize::from(body["charged"] == true);
+    }
+    assert_eq!((ids.len(), charged), (1, 1));
+    assert_eq!(db.receipts("P-RACE").await, 1);
+    assert_eq!(
+        model.requests(),
+        100,
+        "every checkout ran its loop: 2 rounds each"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sigterm_lets_an_in_flight_checkout_finish() {
+    let db = TestDb::new(Backend::Sqlite).await;
+    let model = ScriptedModel::start(
+        "127.0.0.1:0".parse().unwrap(),
+        Script {
+            delay: Duration::from_millis(600),
+            ..Script::default()
+        },
+    )
+    .await
+    .unwrap();
+    let mut process = Process::start(&[
+        ("DATABASE_URL", db.url.as_str()),
+        ("OPENAI_BASE_URL", &*model.base_url()),
+    ]);
+    let http = client();
+    let url = process.url("/checkout?orderId=G-1&amount=1.00");
+    let in_flight = tokio::spawn(async move { post(&http, &url, &[], None).await });
+    while model.requests() == 0 {
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    process.signal("TERM");
+    let reply = in_flight.await.unwrap();
+    assert_eq!(reply.status, 200, "{}", reply.text());
+    assert!(process.wait(Duration::from_secs(10)).success());
+    assert_eq!(db.receipts("G-1").await, 1);
+    assert!(
+        process
+            .logs()
+            .iter()
+            .any(|l| l.contains("finishing in-flight checkouts"))
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_bad_setting_is_one_line_naming_it_and_exit_status_2() {
+    for (name, value, expected) in [
+        (
+            "CHECKOUT_LOOP_TIMEOUT_MS",
+            "soon",
+            "invalid setting CHECKOUT_LOOP_TIMEOUT_MS (loop_timeout_ms in the config file): \"soon\" is not a whole number",
+        ),
+        (
+            "DATABASE_URL",
+            "mysql://x",
+            "invalid setting DATABASE_URL (database_url in the config file): must start with sqlite:, postgres:// or postgresql://",
+        ),
+        (
+            "CHECKOUT_SCRIPTED_FAULTS",
+            "explode",
+            "invalid setting CHECKOUT_SCRIPTED_FAULTS (scripted_faults in the config file): fault \"explode\": unknown fault \"explode\"",
+        ),
+    ] {
+        let mut process = Process::spawn(&[(name, value)]);
+        let status = process.wait(Duration::from_secs(10));
+        assert_eq!(status.code(), Some(2), "{name}");
+        std::thread::sleep(Duration::from_millis(50));
+        assert_eq!(
+            process.logs(),
+            vec![format!("checkout: {expected}")],
+            "{name}"
+        );
+    }
+    let mut process = Process::spawn(&[
+        ("CHECKOUT_LOOP_TIMEOUT_MS", "1000"),
+        ("CHECKOUT_REQUEST_TIMEOUT_MS", "1000"),
+    ]);
+    assert_eq!(process.wait(Duration::from_secs(10)).code(), Some(2));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_second_process_on_one_sqlite_file_is_refused() {
+    let db = TestDb::new(Backend::Sqlite).await;
+    let _first = Process::start(&[("DATABASE_URL", db.url.as_str())]);
+    let mut second = Process::spawn(&[("DATABASE_URL", db.url.as_str())]);
+    assert_eq!(second.wait(Duration::from_secs(10)).code(), Some(1));
+    std::thread::sleep(Duration::from_millis(50));
+    let logs = second.logs();
+    assert!(
+        logs.iter()
+            .any(|l| l.contains("is in use by another checkout process")),
+        "{logs:#?}"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn debug_logs_carry_every_model_body_and_never_the_api_key() {
+    let db = TestDb::new(Backend::Sqlite).await;
+    let key = "sk-test-4f8a2c91d7";
+    let model = ScriptedModel::start(
+        "127.0.0.1:0".parse().unwrap(),
+        Script {
+            api_key: Some(key.into()),
+            ..Script::default()
+        },
+    )
+    .await
+    .unwrap();
+    let process = Process::start(&[
+        ("DATABASE_URL", db.url.as_str()),
+        ("OPENAI_BASE_URL", &*model.base_url()),
+        ("OPENAI_API_KEY", key),
+        ("RUST_LOG", "checkout=debug"),
+    ]);
+    let reply = checkout(&client(), &process, "D-1", "2.00").await;
+    assert_eq!(reply.status, 200, "{}", reply.text());
+    let logs = process.logs();
+    let requests = logs
+        .iter()
+        .filter(|l| l.contains("model request") && l.contains("Charge order D-1"))
+        .count();
+    let responses = logs
+        .iter()
+        .filter(|l| l.contains("model response") && l.contains("chatcmpl-scripted"))
+        .count();
+    assert_eq!((requests, responses), (2, 2), "{logs:#?}");
+    assert!(
+        !logs.iter().any(|l| l.contains(key)),
+        "the API key was logged"
+    );
+}

@@ -1,0 +1,168 @@
+//! One contract, two stores: every case runs against Postgres and against SQLite.
+
+mod common;
+
+use std::sync::Arc;
+
+use checkout::db::{Database, PoolSettings};
+use checkout::payments::store::{PgReceipts, SqliteReceipts};
+use checkout::payments::{
+    ChargeOutcome, Currency, Money, OperationKey, Order, OrderId, ReceiptStore,
+};
+use common::{Backend, TestDb};
+
+fn order(id: &str, amount: &str, currency: &str) -> Order {
+    let currency = Currency::parse(currency).unwrap();
+    Order::new(
+        OrderId::parse(id).unwrap(),
+        Money::parse(amount, currency).unwrap(),
+    )
+}
+
+async fn open(db: &TestDb) -> Database {
+    let pool = PoolSettings {
+        max_connections: 8,
+        acquire_timeout: std::time::Duration::from_secs(5),
+    };
+    Database::open(&db.url, &pool)
+        .await
+        .expect("open the test database")
+}
+
+/// The whole contract, for any store.
+async fn contract<S: ReceiptStore + 'static>(store: Arc<S>, db: &TestDb) {
+    let op = OperationKey::mint();
+    let a = order("C-1", "42.50", "USD");
+
+    // The first charge creates the receipt, with exactly what was asked.
+    let ChargeOutcome::Created(first) = store
+        .charge(&a.charge_key(), a.amount(), &op)
+        .await
+        .unwrap()
+    else {
+        panic!("the first charge must create a receipt");
+    };
+    assert_eq!(first.order_id.as_str(), "C-1");
+    assert_eq!(first.amount, a.amount());
+    assert_eq!(first.operation_key, op.as_str());
+
+    // The same order and amount: the first receipt, unchanged, from any operation.
+    let again = store
+        .charge(&a.charge_key(), a.amount(), &OperationKey::mint())
+        .await
+        .unwrap();
+    assert_eq!(again, ChargeOutcome::Existing(first.clone()));
+
+    // Another amount: a conflict carrying the receipt that stands; nothing changes.
+    let other = order("C-1", "42.51", "USD");
+    let conflict = store
+        .charge(&other.charge_key(), other.amount(), &op)
+        .await
+        .unwrap();
+    assert_eq!(conflict, ChargeOutcome::AmountConflict(first.clone()));
+    // Another currency is another amount.
+    let euros = order("C-1", "42.50", "EUR");
+    assert!(matches!(
+        store
+            .charge(&euros.charge_key(), euros.amount(), &op)
+            .await
+            .unwrap(),
+        ChargeOutcome::AmountConflict(_)
+    ));
+    assert_eq!(db.receipts("C-1").await, 1);
+
+    // Reads give back what was stored, to the microsecond.
+    assert_eq!(store.receipt(a.id()).await.unwrap(), Some(first));
+    assert_eq!(
+        store
+            .receipt(&OrderId::parse("C-none").unwrap())
+            .await
+            .unwrap(),
+        None
+    );
+
+    // Amounts round-trip exactly, whatever the currency's minor digits.
+    for (id, amount, currency) in [
+        ("C-2", "0.29", "USD"),
+        ("C-3", "1500", "JPY"),
+        ("C-4", "1.005", "KWD"),
+    ] {
+        let o = order(id, amount, currency);
+        let ChargeOutcome::Created(r) = store
+            .charge(&o.charge_key(), o.amount(), &op)
+            .await
+            .unwrap()
+        else {
+            panic!("{id} must be created");
+        };
+        assert_eq!(
+            store.receipt(o.id()).await.unwrap().unwrap().amount,
+            r.amount
+        );
+        assert_eq!(r.amount.decimal(), amount);
+    }
+
+    // Fifty concurrent charges of one order: one Created, 49 Existing with that receipt.
+    let race = order("C-RACE", "9.99", "USD");
+    let mut tasks = tokio::task::JoinSet::new();
+    for _ in 0..50 {
+        let store = store.clone();
+        let race = race.clone();
+        tasks.spawn(async move {
+            store
+                .charge(&race.charge_key(), race.amount(), &OperationKey::mint())
+                .await
+                .unwrap()
+        });
+    }
+    let (mut created, mut existing, mut ids) = (0, 0, std::collections::HashSet::new());
+    while let Some(outcome) = tasks.join_next().await {
+        match outcome.unwrap() {
+            ChargeOutcome::Created(r) => {
+                created += 1;
+                ids.insert(r.id);
+            }
+            ChargeOutcome::Existing(r) => {
+                existing += 1;
+                ids.insert(r.id);
+            }
+            ChargeOutcome::AmountConflict(r) => panic!("no conflict expected: {r:?}"),
+        }
+    }
+    assert_eq!((created, existing, ids.len()), (1, 49, 1));
+    assert_eq!(db.receipts("C-RACE").await, 1);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn postgres_keeps_the_contract() {
+    let db = TestDb::new(Backend::Postgres).await;
+    let Database::Postgres(pool) = open(&db).await else {
+        unreachable!()
+    };
+    contract(Arc::new(PgReceipts::new(pool)), &db).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sqlite_keeps_the_contract() {
+    let db = TestDb::new(Backend::Sqlite).await;
+    let Database::Sqlite(sqlite) = open(&db).await else {
+        unreachable!()
+    };
+    contract(Arc::new(SqliteReceipts::new(sqlite.pool())), &db).await;
+}
+
+#[tokio::test]
+async fn a_sqlite_file_serves_one_process_only() {
+    let db = TestDb::new(Backend::Sqlite).await;
+    let _first = open(&db).await;
+    let pool = PoolSettings {
+        max_connections: 1,
+        acquire_timeout: std::time::Duration::from_secs(1),
+    };
+    let err = Database::open(&db.url, &pool).await.unwrap_err();
+    assert!(
+        err.to_string()
+            .contains("is in use by another checkout process"),
+        "{err}"
+    );
+}
