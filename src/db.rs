@@ -64,7 +64,11 @@ pub enum OpenError {
 /// A database failure met while serving a request.
 #[derive(Debug, thiserror::Error)]
 pub enum StoreError {
-    /// The database could not be reached or asked us to try again: worth a retry.
+    /// No connection could be had: the statement was never sent. Worth a retry.
+    #[error("cannot reach the database: {0}")]
+    Unreachable(#[source] sqlx::Error),
+    /// The connection failed under the statement, or the database asked us to try again:
+    /// the statement may or may not have taken effect. Worth a retry.
     #[error("database unavailable: {0}")]
     Unavailable(#[source] sqlx::Error),
     #[error("database error: {0}")]
@@ -75,7 +79,20 @@ pub enum StoreError {
 
 impl StoreError {
     pub fn is_transient(&self) -> bool {
-        matches!(self, StoreError::Unavailable(_))
+        matches!(
+            self,
+            StoreError::Unreachable(_) | StoreError::Unavailable(_)
+        )
+    }
+
+    /// True when the statement cannot have reached the database: no connection was had.
+    pub fn never_sent(&self) -> bool {
+        matches!(self, StoreError::Unreachable(_))
+    }
+
+    /// For a failure to get a connection from the pool.
+    pub fn unreachable(err: sqlx::Error) -> StoreError {
+        StoreError::Unreachable(err)
     }
 }
 
@@ -118,6 +135,10 @@ impl Database {
             let pg = PgPoolOptions::new()
                 .max_connections(pool.max_connections)
                 .acquire_timeout(pool.acquire_timeout)
+                // No ping before each statement: it would double the round trips of a
+                // charge. A connection that died idle fails its statement instead, which
+                // is a transient error the loop retry repeats on a fresh connection.
+                .test_before_acquire(false)
                 .connect(url)
                 .await
                 .map_err(OpenError::Connect)?;
@@ -142,6 +163,7 @@ impl Database {
             let sqlite = SqlitePoolOptions::new()
                 .max_connections(pool.max_connections.min(8))
                 .acquire_timeout(pool.acquire_timeout)
+                .test_before_acquire(false)
                 .connect_with(options)
                 .await
                 .map_err(OpenError::Connect)?;

@@ -15,8 +15,16 @@ struct Inner {
     order: Order,
     charge_key: ChargeKey,
     operation_key: OperationKey,
-    /// The receipt any attempt got from the gateway: what an error answer reports.
-    charged: Mutex<Option<Receipt>>,
+    /// What the attempts learned about the charge: what an error answer reports.
+    charge: Mutex<ChargeState>,
+}
+
+#[derive(Debug, Default)]
+struct ChargeState {
+    receipt: Option<Receipt>,
+    /// A charge statement may have reached the database without its answer reaching us
+    /// (a timeout cut it off, the connection broke).
+    in_doubt: bool,
 }
 
 impl CheckoutContext {
@@ -26,7 +34,7 @@ impl CheckoutContext {
             charge_key: order.charge_key(),
             order,
             operation_key,
-            charged: Mutex::new(None),
+            charge: Mutex::new(ChargeState::default()),
         }))
     }
 
@@ -42,13 +50,36 @@ impl CheckoutContext {
         &self.0.operation_key
     }
 
-    pub(crate) fn record_charge(&self, receipt: &Receipt) {
-        *self.0.charged.lock().expect("never poisoned") = Some(receipt.clone());
+    fn charge_state(&self) -> std::sync::MutexGuard<'_, ChargeState> {
+        self.0.charge.lock().expect("never poisoned")
     }
 
-    /// The receipt this checkout's charge returned, in any attempt so far.
-    pub fn charged(&self) -> Option<Receipt> {
-        self.0.charged.lock().expect("never poisoned").clone()
+    /// Called before a charge statement is sent: until it answers, its outcome is unknown.
+    /// Returns the doubt there was before, for [`Self::charge_not_sent`].
+    pub(crate) fn charge_sending(&self) -> bool {
+        std::mem::replace(&mut self.charge_state().in_doubt, true)
+    }
+
+    /// The statement provably never reached the database (no connection was had).
+    pub(crate) fn charge_not_sent(&self, doubt_before: bool) {
+        self.charge_state().in_doubt = doubt_before;
+    }
+
+    pub(crate) fn record_charge(&self, receipt: &Receipt) {
+        let mut state = self.charge_state();
+        state.receipt = Some(receipt.clone());
+        state.in_doubt = false;
+    }
+
+    /// What this checkout knows of its charge, without asking the database: charged
+    /// (with the receipt), not charged, or unknown (`None`).
+    pub fn charge_known(&self) -> Option<Option<Receipt>> {
+        let state = self.charge_state();
+        match (&state.receipt, state.in_doubt) {
+            (Some(receipt), _) => Some(Some(receipt.clone())),
+            (None, false) => Some(None),
+            (None, true) => None,
+        }
     }
 }
 

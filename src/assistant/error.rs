@@ -35,6 +35,8 @@ pub enum FailureKind {
 pub enum LoopStop {
     NotRetryable,
     RetriesSpent,
+    /// `CHECKOUT_LOOP_MAX_RETRIES` is 0.
+    Off,
 }
 
 impl CheckoutError {
@@ -86,6 +88,7 @@ impl fmt::Display for CheckoutError {
                     "; the loop retry gave up after {attempts} loop attempt{plural}"
                 )
             }
+            Some(LoopStop::Off) => write!(f, "; the loop retry is off"),
         }
     }
 }

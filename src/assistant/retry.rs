@@ -73,6 +73,10 @@ impl Policy<LoopRequest, CheckoutOutcome, BoxError> for LoopRetry {
             failure.stop = Some(LoopStop::NotRetryable);
             return None;
         }
+        if self.max_retries == 0 {
+            failure.stop = Some(LoopStop::Off);
+            return None;
+        }
         if request.attempt > self.max_retries {
             failure.stop = Some(LoopStop::RetriesSpent);
             return None;

@@ -118,15 +118,22 @@ impl ToolBox {
                 return Ok(refused(format!("amount {err}; nothing was charged")));
             }
         }
+        let doubt_before = ctx.charge_sending();
         let charged = self
             .gateway
             .charge(ctx.charge_key(), order.amount(), ctx.operation_key())
             .await
             .map_err(|err| match err {
                 ChargeError::AmountConflict { existing, asked } => {
+                    ctx.charge_not_sent(doubt_before);
                     ToolFailure::AmountConflict { existing, asked }
                 }
-                ChargeError::Store(err) => ToolFailure::Store(err),
+                ChargeError::Store(err) => {
+                    if err.never_sent() {
+                        ctx.charge_not_sent(doubt_before);
+                    }
+                    ToolFailure::Store(err)
+                }
             })?;
         let receipt = charged.receipt;
         ctx.record_charge(&receipt);

@@ -214,6 +214,10 @@ async fn failure(app: &AppState, ctx: &CheckoutContext, err: CheckoutError) -> P
             if let Some(status) = model.kind.upstream_status() {
                 problem = problem.with("upstreamStatus", status);
             }
+            if let Some(wait) = model.kind.retry_after() {
+                // The provider said when it will take requests again; so do we.
+                problem = problem.retry_after(wait.as_secs().max(1));
+            }
             problem
         }
         FailureKind::ModelDidNotCharge => Problem::new(Code::ModelDidNotCharge, err.to_string()),
@@ -228,37 +232,62 @@ async fn failure(app: &AppState, ctx: &CheckoutContext, err: CheckoutError) -> P
     tracing::warn!(order = %ctx.order().id(), error = %err, cause = ?std::error::Error::source(&err), "checkout failed");
     // The truth about the charge comes from the database, read outside the retried
     // unit: an attempt cut off by a timeout may have committed its charge unseen.
-    let receipt = match app.gateway().receipt(ctx.order().id()).await {
-        Ok(receipt) => Some(receipt),
+    let op = ctx.operation_key().as_str();
+    let (order_charged, charged, note, receipt_id) = match app
+        .gateway()
+        .receipt(ctx.order().id())
+        .await
+    {
+        Ok(Some(receipt)) => (
+            Some(true),
+            Some(receipt.operation_key == op),
+            format!(
+                "order {} is charged (receipt {})",
+                receipt.order_id, receipt.id
+            ),
+            Some(receipt.id),
+        ),
+        Ok(None) => (
+            Some(false),
+            Some(false),
+            "the order was not charged".to_owned(),
+            None,
+        ),
         Err(lookup) => {
-            tracing::warn!(error = %lookup, "cannot tell whether the failed checkout charged");
-            ctx.charged().map(Some)
+            tracing::warn!(error = %lookup, "cannot ask the database whether the order is charged");
+            match ctx.charge_known() {
+                Some(Some(receipt)) => (
+                    Some(true),
+                    Some(true),
+                    format!("this checkout charged order {} (receipt {})", receipt.order_id, receipt.id),
+                    Some(receipt.id),
+                ),
+                Some(None) => (
+                    None,
+                    Some(false),
+                    "this checkout charged nothing: none of its charge statements reached the database".to_owned(),
+                    None,
+                ),
+                None => (
+                    None,
+                    None,
+                    format!(
+                        "whether order {} was charged is unknown until the database answers (GET /receipts/{})",
+                        ctx.order().id(),
+                        ctx.order().id()
+                    ),
+                    None,
+                ),
+            }
         }
     };
-    match receipt {
-        Some(Some(receipt)) => {
-            problem.detail = format!(
-                "{}; order {} is charged (receipt {})",
-                problem.detail, receipt.order_id, receipt.id
-            );
-            problem
-                .with("orderCharged", true)
-                .with("receiptId", receipt.id.to_string())
-        }
-        Some(None) => {
-            problem.detail = format!("{}; the order was not charged", problem.detail);
-            problem.with("orderCharged", false)
-        }
-        None => {
-            problem.detail = format!(
-                "{}; whether order {} was charged is unknown until the database answers (GET /receipts/{})",
-                problem.detail,
-                ctx.order().id(),
-                ctx.order().id()
-            );
-            problem.with("orderCharged", serde_json::Value::Null)
-        }
+    problem.detail = format!("{}; {note}", problem.detail);
+    if let Some(id) = receipt_id {
+        problem = problem.with("receiptId", id.to_string());
     }
+    problem
+        .with("orderCharged", order_charged)
+        .with("charged", charged)
 }
 
 /// JSON unless the client prefers `text/plain`.

@@ -15,7 +15,7 @@ use std::fmt::Write as _;
 use std::net::SocketAddr;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
-use std::time::{Duration, SystemTime};
+use std::time::{Duration, Instant, SystemTime};
 
 use bytes::Bytes;
 use http_body_util::{BodyExt, Full};
@@ -214,6 +214,7 @@ struct State {
     script: Mutex<Plan>,
     requests: AtomicU64,
     by_round: Mutex<Vec<u64>>,
+    arrivals: Mutex<Vec<Instant>>,
 }
 
 struct Plan {
@@ -248,6 +249,7 @@ impl ScriptedModel {
             }),
             requests: AtomicU64::new(0),
             by_round: Mutex::new(Vec::new()),
+            arrivals: Mutex::new(Vec::new()),
         });
         let accept = tokio::spawn(accept_loop(listener, state.clone()));
         Ok(ScriptedModel {
@@ -275,6 +277,11 @@ impl ScriptedModel {
     pub fn requests_at_round(&self, round: u32) -> u64 {
         let by_round = self.state.by_round.lock().unwrap();
         by_round.get(round as usize - 1).copied().unwrap_or(0)
+    }
+
+    /// When each chat-completions request arrived, in order.
+    pub fn arrivals(&self) -> Vec<Instant> {
+        self.state.arrivals.lock().unwrap().clone()
     }
 
     /// Replaces the fault plan; counts of the new rules start at zero.
@@ -345,6 +352,7 @@ async fn handle(state: Arc<State>, request: Request<Incoming>) -> Result<Answer,
 
 async fn completions(state: &State, request: Request<Incoming>) -> Result<Answer, CloseConnection> {
     let number = state.requests.fetch_add(1, Ordering::SeqCst) + 1;
+    state.arrivals.lock().unwrap().push(Instant::now());
     let authorized = {
         let plan = state.script.lock().unwrap();
         match &plan.api_key {
@@ -395,9 +403,15 @@ async fn completions(state: &State, request: Request<Incoming>) -> Result<Answer
     }
     let (fault, delay) = {
         let mut plan = state.script.lock().unwrap();
-        (pick_fault(&mut plan.rules, round, number), plan.delay)
+        let (extra, fault) = pick_fault(&mut plan.rules, round, number);
+        let base = if fault.as_ref().is_some_and(Fault::is_transport) {
+            Duration::ZERO
+        } else {
+            plan.delay
+        };
+        (fault, base + extra)
     };
-    if !fault.as_ref().is_some_and(Fault::is_transport) && !delay.is_zero() {
+    if !delay.is_zero() {
         tokio::time::sleep(delay).await;
     }
     match fault {
@@ -434,10 +448,6 @@ async fn completions(state: &State, request: Request<Incoming>) -> Result<Answer
             Err(CloseConnection)
         }
         Some(Fault::Close) => Err(CloseConnection),
-        Some(Fault::Slow(extra)) => {
-            tokio::time::sleep(extra).await;
-            Ok(assistant_answer(&chat, number, None))
-        }
         Some(Fault::Malformed) => Ok(Response::builder()
             .status(StatusCode::OK)
             .header(CONTENT_TYPE, "application/json")
@@ -449,7 +459,14 @@ async fn completions(state: &State, request: Request<Incoming>) -> Result<Answer
     }
 }
 
-fn pick_fault(rules: &mut [(FaultRule, u32)], round: u32, number: u64) -> Option<Fault> {
+/// The fault for this request, and any extra delay: `slow` rules add to the delay and
+/// let the next matching rule choose the answer, so `slow` composes with other faults.
+fn pick_fault(
+    rules: &mut [(FaultRule, u32)],
+    round: u32,
+    number: u64,
+) -> (Duration, Option<Fault>) {
+    let mut extra = Duration::ZERO;
     for (index, (rule, used)) in rules.iter_mut().enumerate() {
         if rule.round.is_some_and(|r| r != round) {
             continue;
@@ -465,9 +482,12 @@ fn pick_fault(rules: &mut [(FaultRule, u32)], round: u32, number: u64) -> Option
             continue;
         }
         *used += 1;
-        return Some(rule.fault.clone());
+        match &rule.fault {
+            Fault::Slow(delay) => extra += *delay,
+            fault => return (extra, Some(fault.clone())),
+        }
     }
-    None
+    (extra, None)
 }
 
 /// A reproducible stand-in for a random draw.
@@ -740,10 +760,23 @@ mod tests {
             .into_iter()
             .map(|r| (r, 0))
             .collect();
-        assert_eq!(pick_fault(&mut rules, 1, 1), None);
-        assert_eq!(pick_fault(&mut rules, 2, 2), Some(Fault::Close));
-        assert_eq!(pick_fault(&mut rules, 2, 3), Some(Fault::Close));
-        assert_eq!(pick_fault(&mut rules, 2, 4), None);
+        assert_eq!(pick_fault(&mut rules, 1, 1).1, None);
+        assert_eq!(pick_fault(&mut rules, 2, 2).1, Some(Fault::Close));
+        assert_eq!(pick_fault(&mut rules, 2, 3).1, Some(Fault::Close));
+        assert_eq!(pick_fault(&mut rules, 2, 4).1, None);
+    }
+
+    #[test]
+    fn slow_composes_with_the_next_rule() {
+        let mut rules: Vec<(FaultRule, u32)> = FaultRule::parse_plan("slow=100@2,recharge@2")
+            .unwrap()
+            .into_iter()
+            .map(|r| (r, 0))
+            .collect();
+        assert_eq!(
+            pick_fault(&mut rules, 2, 1),
+            (Duration::from_millis(100), Some(Fault::Recharge))
+        );
     }
 
     #[test]
@@ -754,7 +787,7 @@ mod tests {
             .map(|r| (r, 0))
             .collect();
         let hits = (1..=10_000)
-            .filter(|n| pick_fault(&mut rules, 1, *n).is_some())
+            .filter(|n| pick_fault(&mut rules, 1, *n).1.is_some())
             .count();
         assert!((1_800..=2_200).contains(&hits), "{hits} of 10000");
     }

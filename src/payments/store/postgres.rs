@@ -38,6 +38,8 @@ impl ReceiptStore for PgReceipts {
         operation: &OperationKey,
     ) -> Result<ChargeOutcome, StoreError> {
         let new = NewReceipt::now();
+        // Taken apart from the statement so that a failure here is known not to charge.
+        let mut conn = self.pool.acquire().await.map_err(StoreError::unreachable)?;
         let inserted = sqlx::query(INSERT)
             .bind(new.id)
             .bind(key.order_id().as_str())
@@ -45,8 +47,9 @@ impl ReceiptStore for PgReceipts {
             .bind(amount.currency().code())
             .bind(operation.as_str())
             .bind(new.created_at)
-            .fetch_optional(&self.pool)
+            .fetch_optional(&mut *conn)
             .await?;
+        drop(conn);
         if let Some(row) = inserted {
             return Ok(outcome(from_row(&row)?, true, amount));
         }

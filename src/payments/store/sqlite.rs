@@ -40,6 +40,8 @@ impl ReceiptStore for SqliteReceipts {
         operation: &OperationKey,
     ) -> Result<ChargeOutcome, StoreError> {
         let new = NewReceipt::now();
+        // Taken apart from the statement so that a failure here is known not to charge.
+        let mut conn = self.pool.acquire().await.map_err(StoreError::unreachable)?;
         let inserted = sqlx::query(INSERT)
             .bind(new.id.to_string())
             .bind(key.order_id().as_str())
@@ -47,8 +49,9 @@ impl ReceiptStore for SqliteReceipts {
             .bind(amount.currency().code())
             .bind(operation.as_str())
             .bind(new.created_at.to_rfc3339_opts(SecondsFormat::Micros, true))
-            .fetch_optional(&self.pool)
+            .fetch_optional(&mut *conn)
             .await?;
+        drop(conn);
         if let Some(row) = inserted {
             return Ok(outcome(from_row(&row)?, true, amount));
         }
