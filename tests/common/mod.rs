@@ -4,6 +4,8 @@
 
 #![allow(dead_code)]
 
+pub mod proxy;
+
 use std::io::{BufRead, BufReader};
 use std::net::SocketAddr;
 use std::process::{Child, Command, Stdio};
@@ -70,6 +72,11 @@ impl TestDb {
                 }
             }
         }
+    }
+
+    /// The URL with its host and port replaced by `addr` (a proxy in front of Postgres).
+    pub fn url_via(&self, addr: SocketAddr) -> String {
+        self.url.replacen("127.0.0.1:5432", &addr.to_string(), 1)
     }
 
     /// Rows in `receipts` for `order_id`, read straight from the database.

@@ -1,0 +1,112 @@
+//! A TCP proxy in front of Postgres that a test can break the way a database restart
+//! breaks it: live connections die, new ones are refused, replies go missing.
+
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU8, Ordering};
+
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::{TcpListener, TcpStream};
+use tokio::sync::watch;
+
+const PASS: u8 = 0;
+/// Forward what the service sends, drop what the database answers.
+const SWALLOW_REPLIES: u8 = 1;
+/// Refuse new connections (accept and close at once).
+const DOWN: u8 = 2;
+
+pub struct Proxy {
+    pub addr: SocketAddr,
+    mode: Arc<AtomicU8>,
+    cut: watch::Sender<u64>,
+    accept: tokio::task::JoinHandle<()>,
+}
+
+impl Drop for Proxy {
+    fn drop(&mut self) {
+        self.accept.abort();
+    }
+}
+
+impl Proxy {
+    pub async fn start(target: SocketAddr) -> Proxy {
+        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        let mode = Arc::new(AtomicU8::new(PASS));
+        let (cut, _) = watch::channel(0u64);
+        let accept = {
+            let (mode, cut) = (mode.clone(), cut.clone());
+            tokio::spawn(async move {
+                while let Ok((client, _)) = listener.accept().await {
+                    if mode.load(Ordering::SeqCst) == DOWN {
+                        drop(client);
+                        continue;
+                    }
+                    let Ok(server) = TcpStream::connect(target).await else {
+                        continue;
+                    };
+                    tokio::spawn(relay(client, server, mode.clone(), cut.subscribe()));
+                }
+            })
+        };
+        Proxy {
+            addr,
+            mode,
+            cut,
+            accept,
+        }
+    }
+
+    /// Drops what the database sends back: statements still run, their answers are lost.
+    pub fn swallow_replies(&self) {
+        self.mode.store(SWALLOW_REPLIES, Ordering::SeqCst);
+    }
+
+    /// The database goes away: every live connection is closed, new ones are refused.
+    pub fn down(&self) {
+        self.mode.store(DOWN, Ordering::SeqCst);
+        self.cut.send_modify(|generation| *generation += 1);
+    }
+
+    /// The database is back.
+    pub fn up(&self) {
+        self.mode.store(PASS, Ordering::SeqCst);
+    }
+}
+
+async fn relay(
+    client: TcpStream,
+    server: TcpStream,
+    mode: Arc<AtomicU8>,
+    mut cut: watch::Receiver<u64>,
+) {
+    let (mut client_read, mut client_write) = client.into_split();
+    let (mut server_read, mut server_write) = server.into_split();
+    let upstream = async {
+        let mut buf = vec![0u8; 16 * 1024];
+        loop {
+            let n = client_read.read(&mut buf).await?;
+            if n == 0 {
+                return Ok::<_, std::io::Error>(());
+            }
+            server_write.write_all(&buf[..n]).await?;
+        }
+    };
+    let downstream = async {
+        let mut buf = vec![0u8; 16 * 1024];
+        loop {
+            let n = server_read.read(&mut buf).await?;
+            if n == 0 {
+                return Ok::<_, std::io::Error>(());
+            }
+            if mode.load(Ordering::SeqCst) != SWALLOW_REPLIES {
+                client_write.write_all(&buf[..n]).await?;
+            }
+        }
+    };
+    tokio::select! {
+        _ = upstream => {}
+        _ = downstream => {}
+        _ = cut.changed() => {}
+    }
+}

@@ -1,0 +1,130 @@
+//! The database goes away in the middle of a checkout (Postgres behind a proxy that the
+//! test breaks as a restart would). The charge happens once or not at all, and the
+//! answer says which.
+
+mod common;
+
+use std::time::{Duration, Instant};
+
+use checkout::model::scripted::FaultRule;
+use common::proxy::Proxy;
+use common::{Backend, Harness, TestDb, scripted, test_settings};
+
+async fn behind_proxy(faults: &str) -> (Harness, Proxy) {
+    let db = TestDb::new(Backend::Postgres).await;
+    let proxy = Proxy::start("127.0.0.1:5432".parse().unwrap()).await;
+    let model = scripted(faults).await;
+    let mut settings = test_settings(&db, &model);
+    settings.database_url = db.url_via(proxy.addr);
+    settings.db_acquire_timeout = Duration::from_millis(300);
+    (Harness::serve(db, model, settings).await, proxy)
+}
+
+async fn until(what: &str, mut done: impl AsyncFnMut() -> bool) {
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while !done().await {
+        assert!(Instant::now() < deadline, "timed out waiting until {what}");
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_database_down_for_the_whole_checkout_is_503_and_charges_nothing() {
+    let (h, proxy) = behind_proxy("").await;
+    proxy.down();
+    let reply = h.checkout("DB-1", "5.00").await;
+    let problem = reply.problem(503);
+    assert_eq!(problem["code"], "unavailable");
+    assert_eq!(reply.header("retry-after"), Some("1"));
+    assert_eq!(
+        problem["attempts"], 3,
+        "the loop retry repeats a transient database error"
+    );
+    assert_eq!(problem["layer"], "loop retry");
+    // The first attempt's statement went out on a connection that had died idle: whether
+    // it took effect, only the database can say, and it cannot be asked. The answer says so.
+    assert_eq!(problem["charged"], serde_json::Value::Null, "{problem}");
+    assert_eq!(
+        problem["orderCharged"],
+        serde_json::Value::Null,
+        "{problem}"
+    );
+    assert!(problem["detail"].as_str().unwrap().ends_with("whether order DB-1 was charged is unknown until the database answers (GET /receipts/DB-1)"), "{problem}");
+    assert_eq!(
+        h.model.requests(),
+        3,
+        "round 1 of each of the 3 loop attempts"
+    );
+    let ready = h.get("/health/ready").await;
+    assert_eq!(ready.problem(503)["code"], "unavailable");
+    proxy.up();
+    assert_eq!(h.get("/receipts/DB-1").await.status, 404);
+    assert_eq!(h.db.receipts("DB-1").await, 0);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_restart_that_loses_the_charges_answer_charges_once() {
+    let (h, proxy) = behind_proxy("").await;
+    // A first checkout prepares the charge statements on the pool's connection, so that
+    // the next charge goes out in one write and needs no answer before it executes.
+    assert_eq!(h.checkout("DB-2-warm", "1.00").await.status, 200);
+    h.model
+        .set_faults(FaultRule::parse_plan("slow=300@1x1").unwrap());
+    let h = std::sync::Arc::new(h);
+    let checkout = tokio::spawn({
+        let h = h.clone();
+        async move { h.checkout("DB-2", "5.00").await }
+    });
+    until("round 1 is asked", async || h.model.requests() == 3).await;
+    // The charge statement reaches Postgres and commits; its answer is lost.
+    proxy.swallow_replies();
+    until("the charge is committed", async || {
+        h.db.receipts("DB-2").await == 1
+    })
+    .await;
+    // The restart: the connection dies, and the database is back at once.
+    proxy.down();
+    proxy.up();
+    let reply = checkout.await.unwrap();
+    assert_eq!(reply.status, 200, "{}", reply.text());
+    let body = reply.json();
+    assert_eq!(body["attempts"], 2);
+    assert_eq!(
+        body["charged"], true,
+        "the charge is this operation's, made in attempt 1"
+    );
+    assert_eq!(h.db.receipts("DB-2").await, 1);
+    assert_eq!(
+        h.model.requests(),
+        2 + 3,
+        "attempt 1: round 1; attempt 2: rounds 1 and 2"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_restart_before_the_charge_reaches_the_database_charges_once() {
+    let (h, proxy) = behind_proxy("slow=300@1x2").await;
+    let h = std::sync::Arc::new(h);
+    let checkout = tokio::spawn({
+        let h = h.clone();
+        async move { h.checkout("DB-3", "5.00").await }
+    });
+    until("round 1 is asked", async || h.model.requests() == 1).await;
+    proxy.down();
+    // Attempt 1 cannot reach the database; while attempt 2 waits on round 1, it is back.
+    until("the loop retry starts attempt 2", async || {
+        h.model.requests() == 2
+    })
+    .await;
+    assert_eq!(h.db.receipts("DB-3").await, 0, "attempt 1 charged nothing");
+    proxy.up();
+    let reply = checkout.await.unwrap();
+    assert_eq!(reply.status, 200, "{}", reply.text());
+    let body = reply.json();
+    assert_eq!(
+        (body["attempts"].as_u64(), body["charged"].as_bool()),
+        (Some(2), Some(true))
+    );
+    assert_eq!(h.db.receipts("DB-3").await, 1);
+    assert_eq!(h.model.requests(), 3);
+}

@@ -1,0 +1,373 @@
+//! The fault matrix: every fault the scripted model can inject, at round 1 (before the
+//! charge), round 2 (after it) and round 3 (the last), with the loop retry on and off,
+//! against SQLite and Postgres. Each cell states the status and code, the receipts and
+//! the model requests it expects.
+//!
+//! The script for the matrix has three rounds: the model charges (round 1), charges
+//! again to be sure (round 2, `recharge@2`: the charge key turns it into a read), then
+//! confirms (round 3). Request retries: 2; loop retries: 2 (on) or 0 (off).
+
+mod common;
+
+use std::time::Duration;
+
+use checkout::config::Settings;
+use common::{Backend, Harness, TestDb};
+
+/// What one cell must show.
+#[derive(Clone, Copy, Debug)]
+struct Expect {
+    status: u16,
+    /// The problem `code`; empty for a 200.
+    code: &'static str,
+    receipts: i64,
+    model_requests: u64,
+    /// Loop attempts (`attempts` in the answer).
+    attempts: u64,
+}
+
+const fn ok(model_requests: u64, attempts: u64) -> Expect {
+    Expect {
+        status: 200,
+        code: "",
+        receipts: 1,
+        model_requests,
+        attempts,
+    }
+}
+
+const fn fail(
+    status: u16,
+    code: &'static str,
+    receipts: i64,
+    model_requests: u64,
+    attempts: u64,
+) -> Expect {
+    Expect {
+        status,
+        code,
+        receipts,
+        model_requests,
+        attempts,
+    }
+}
+
+fn matrix_settings(s: &mut Settings, loop_retry: bool) {
+    s.request_timeout = Duration::from_millis(300);
+    s.loop_timeout = Duration::from_millis(3_000);
+    s.loop_max_retries = if loop_retry { 2 } else { 0 };
+}
+
+/// Runs `fault` at rounds 1, 2, 3, loop retry on then off, on `backend`, all cells at once.
+/// `cells[round - 1] = [on, off]`.
+async fn row(backend: Backend, fault: &str, cells: [[Expect; 2]; 3]) {
+    let mut runs = tokio::task::JoinSet::new();
+    for (round, pair) in (1..=3).zip(cells) {
+        for (loop_retry, expect) in [true, false].into_iter().zip(pair) {
+            let plan = if fault.contains('@') || fault == "recharge" {
+                fault.to_owned()
+            } else {
+                let (fault, times) = fault.split_once('x').map_or((fault, ""), |(f, t)| (f, t));
+                let times = if times.is_empty() {
+                    String::new()
+                } else {
+                    format!("x{times}")
+                };
+                format!("{fault}@{round}{times},recharge@2")
+            };
+            runs.spawn(async move {
+                let h = Harness::with(backend, &plan, |s| matrix_settings(s, loop_retry)).await;
+                let reply = h.checkout("X-1", "42.50").await;
+                let cell = format!(
+                    "{plan} loop retry {}",
+                    if loop_retry { "on" } else { "off" }
+                );
+                assert_eq!(reply.status, expect.status, "{cell}: {}", reply.text());
+                let body = reply.json();
+                if expect.status == 200 {
+                    assert_eq!(body["receipt"]["orderId"], "X-1", "{cell}");
+                    assert_eq!(
+                        body["charged"], true,
+                        "{cell}: this operation made the charge"
+                    );
+                } else {
+                    assert_eq!(body["code"], expect.code, "{cell}: {body}");
+                    assert_eq!(body["orderCharged"], expect.receipts == 1, "{cell}: {body}");
+                }
+                assert_eq!(body["attempts"], expect.attempts, "{cell}: {body}");
+                assert_eq!(h.db.receipts("X-1").await, expect.receipts, "{cell}");
+                assert_eq!(h.db.all_receipts().await, expect.receipts, "{cell}");
+                assert_eq!(h.model.requests(), expect.model_requests, "{cell}: {body}");
+            });
+        }
+    }
+    while let Some(run) = runs.join_next().await {
+        run.unwrap();
+    }
+}
+
+/// A transient failure three times in a row spends the request retry (1 + 2 retries).
+/// With the loop retry on, the second loop attempt succeeds and the earlier charge is
+/// found, not repeated; off, the checkout fails after the round's three requests.
+fn spends_the_request_retry(status: u16, code: &'static str) -> [[Expect; 2]; 3] {
+    [
+        [ok(6, 2), fail(status, code, 0, 3, 1)],
+        [ok(7, 2), fail(status, code, 1, 4, 1)],
+        [ok(8, 2), fail(status, code, 1, 5, 1)],
+    ]
+}
+
+macro_rules! matrix_row {
+    ($name:ident, $fault:expr, $cells:expr) => {
+        both_backends!($name, |backend| async move {
+            row(backend, $fault, $cells).await
+        });
+    };
+}
+
+matrix_row!(
+    status_503,
+    "503x3",
+    spends_the_request_retry(502, "model_error")
+);
+matrix_row!(
+    status_503_with_retry_after,
+    "503+retry-after=0x3",
+    spends_the_request_retry(502, "model_error")
+);
+matrix_row!(
+    status_429,
+    "429x3",
+    spends_the_request_retry(502, "model_error")
+);
+matrix_row!(
+    request_timeout,
+    "timeoutx3",
+    spends_the_request_retry(504, "deadline_exceeded")
+);
+matrix_row!(
+    connection_closed,
+    "closex3",
+    spends_the_request_retry(502, "model_error")
+);
+
+// Not repeated by the request retry; the loop retry starts a fresh conversation.
+matrix_row!(
+    malformed_json,
+    "malformedx1",
+    [
+        [ok(4, 2), fail(502, "model_error", 0, 1, 1)],
+        [ok(5, 2), fail(502, "model_error", 1, 2, 1)],
+        [ok(6, 2), fail(502, "model_error", 1, 3, 1)],
+    ]
+);
+
+// A refusal by the provider is repeated by neither retry: one request, whatever the round.
+const fn refused(round: u64) -> [Expect; 2] {
+    let receipts = if round == 1 { 0 } else { 1 };
+    [
+        fail(502, "model_error", receipts, round, 1),
+        fail(502, "model_error", receipts, round, 1),
+    ]
+}
+matrix_row!(status_401, "401", [refused(1), refused(2), refused(3)]);
+matrix_row!(
+    status_429_insufficient_quota,
+    "429+quota",
+    [refused(1), refused(2), refused(3)]
+);
+
+// Slow, but within the request timeout: nothing is retried.
+matrix_row!(
+    slow_answer,
+    "slow=100x1",
+    [
+        [ok(3, 1), ok(3, 1)],
+        [ok(3, 1), ok(3, 1)],
+        [ok(3, 1), ok(3, 1)]
+    ]
+);
+
+// The model's mistakes are answered with an error result and cost it one more round;
+// at round 3 the model has to answer once more (round 4) after the refusal.
+const MISTAKE: [[Expect; 2]; 3] = [
+    [ok(3, 1), ok(3, 1)],
+    [ok(3, 1), ok(3, 1)],
+    [ok(4, 1), ok(4, 1)],
+];
+matrix_row!(wrong_order, "wrong-orderx1", MISTAKE);
+matrix_row!(wrong_amount, "wrong-amountx1", MISTAKE);
+matrix_row!(same_charge_twice_in_one_answer, "double-chargex1", MISTAKE);
+
+// A model that never stops calling the tool: every round, so the round does not vary.
+// Ten rounds (CHECKOUT_MAX_ROUNDS), ten charge calls, one receipt, and no loop retry.
+const NEVER_STOPS: [Expect; 2] = [
+    fail(502, "model_error", 1, 10, 1),
+    fail(502, "model_error", 1, 10, 1),
+];
+matrix_row!(
+    never_stops_calling_the_tool,
+    "recharge",
+    [NEVER_STOPS, NEVER_STOPS, NEVER_STOPS]
+);
+
+// The article's incident: the provider times out on the second round, after the charge.
+// The loop retry restarts the loop; the charge runs again and returns the first receipt.
+both_backends!(the_articles_incident_charges_once, |backend| async move {
+    let h = Harness::with(backend, "timeout@2x3", |s| {
+        s.request_timeout = Duration::from_millis(300)
+    })
+    .await;
+    let reply = h.checkout("A-100", "42.50").await;
+    assert_eq!(reply.status, 200, "{}", reply.text());
+    let body = reply.json();
+    assert_eq!(body["attempts"], 2);
+    assert_eq!(body["charged"], true);
+    assert_eq!(h.db.receipts("A-100").await, 1);
+    // Attempt 1: round 1, then round 2 three times (all timed out). Attempt 2: two rounds.
+    assert_eq!(h.model.requests(), 6);
+    assert_eq!(
+        (h.model.requests_at_round(1), h.model.requests_at_round(2)),
+        (2, 4)
+    );
+});
+
+/// The article's other run: a wrong API key. One request, not three (and not nine).
+#[tokio::test]
+async fn a_bad_api_key_is_one_request_and_a_502() {
+    let db = TestDb::new(Backend::Sqlite).await;
+    let model = checkout::model::scripted::ScriptedModel::start(
+        "127.0.0.1:0".parse().unwrap(),
+        checkout::model::scripted::Script {
+            api_key: Some("sk-right".into()),
+            ..Default::default()
+        },
+    )
+    .await
+    .unwrap();
+    let mut settings = common::test_settings(&db, &model);
+    settings.openai_api_key = Some(checkout::model::Secret::new("sk-wrong"));
+    let h = Harness::serve(db, model, settings).await;
+    let problem = h.checkout("K-1", "1.00").await.problem(502);
+    assert_eq!(problem["code"], "model_error");
+    assert_eq!(problem["upstreamStatus"], 401);
+    assert_eq!(problem["layer"], "request retry");
+    assert_eq!(
+        (
+            problem["attempts"].as_u64(),
+            problem["requestAttempts"].as_u64()
+        ),
+        (Some(1), Some(1))
+    );
+    assert!(
+        problem["detail"]
+            .as_str()
+            .unwrap()
+            .contains("401 invalid_api_key"),
+        "{problem}"
+    );
+    assert_eq!(h.model.requests(), 1);
+    assert_eq!(h.db.all_receipts().await, 0);
+}
+
+/// When retries are spent the answer says which layer gave up and after how many.
+#[tokio::test]
+async fn spent_retries_name_the_layer_and_the_counts() {
+    let h = Harness::with(Backend::Sqlite, "503", |_| {}).await;
+    let problem = h.checkout("L-1", "1.00").await.problem(502);
+    assert_eq!(problem["layer"], "loop retry");
+    assert_eq!(problem["attempts"], 3);
+    assert_eq!(problem["requestAttempts"], 3);
+    assert_eq!(problem["upstreamStatus"], 503);
+    assert_eq!(
+        problem["detail"],
+        "the model provider answered 503 scripted_fault: scripted fault; the request retry gave up after 3 requests; the loop retry gave up after 3 loop attempts; the order was not charged"
+    );
+    assert_eq!(h.model.requests(), 9, "3 loop attempts x 3 requests");
+}
+
+#[tokio::test]
+async fn retry_after_is_waited_out_before_the_retry() {
+    let h = Harness::with(Backend::Sqlite, "503+retry-after=1@1x1", |_| {}).await;
+    let reply = h.checkout("W-1", "1.00").await;
+    assert_eq!(reply.status, 200, "{}", reply.text());
+    let arrivals = h.model.arrivals();
+    assert_eq!(arrivals.len(), 3);
+    let gap = arrivals[1] - arrivals[0];
+    assert!(
+        gap >= Duration::from_secs(1),
+        "the retry came {gap:?} after the 503"
+    );
+}
+
+#[tokio::test]
+async fn a_retry_after_beyond_the_cap_ends_the_retries_and_is_passed_on() {
+    let h = Harness::with(Backend::Sqlite, "429+retry-after=60@1", |s| {
+        s.retry_after_max = Duration::from_secs(5);
+        s.loop_max_retries = 0;
+    })
+    .await;
+    let reply = h.checkout("W-2", "1.00").await;
+    let problem = reply.problem(502);
+    assert!(
+        problem["detail"]
+            .as_str()
+            .unwrap()
+            .contains("Retry-After asked for 60000 ms"),
+        "{problem}"
+    );
+    assert_eq!(reply.header("retry-after"), Some("60"));
+    assert_eq!(h.model.requests(), 1);
+}
+
+/// An outage: every request fails. The shared budget (20 % of requests, no floor here)
+/// lets one retry through per five checkouts: 24 requests for 20 checkouts, not 60.
+#[tokio::test]
+async fn the_retry_budget_stops_a_storm() {
+    let h = Harness::with(Backend::Sqlite, "503", |s| {
+        s.retry_budget_percent = 20;
+        s.retry_budget_min_per_sec = 0;
+    })
+    .await;
+    for i in 0..20 {
+        let problem = h.checkout(&format!("ST-{i}"), "1.00").await.problem(502);
+        assert!(
+            problem["detail"]
+                .as_str()
+                .unwrap()
+                .contains("the retry budget is spent"),
+            "{problem}"
+        );
+        assert_eq!(
+            problem["attempts"], 1,
+            "the loop retry does not feed a storm either"
+        );
+    }
+    assert_eq!(h.model.requests(), 24);
+    assert_eq!(h.db.all_receipts().await, 0);
+}
+
+/// The loop timeout cuts a slow attempt after its charge; the next attempt charges with
+/// the same key and gets the same receipt.
+#[tokio::test]
+async fn a_loop_timeout_after_the_charge_restarts_the_loop_without_a_second_charge() {
+    let tune = |s: &mut Settings, retries| {
+        s.request_timeout = Duration::from_millis(500);
+        s.loop_timeout = Duration::from_millis(700);
+        s.loop_max_retries = retries;
+    };
+    let h = Harness::with(Backend::Sqlite, "slow=400@1x1,slow=400@2x1", |s| tune(s, 2)).await;
+    let reply = h.checkout("LT-1", "1.00").await;
+    assert_eq!(reply.status, 200, "{}", reply.text());
+    assert_eq!(reply.json()["attempts"], 2);
+    assert_eq!(h.db.receipts("LT-1").await, 1);
+    assert_eq!(h.model.requests(), 4);
+
+    let h = Harness::with(Backend::Sqlite, "slow=400@1x1,slow=400@2x1", |s| tune(s, 0)).await;
+    let problem = h.checkout("LT-2", "1.00").await.problem(504);
+    assert_eq!(problem["code"], "deadline_exceeded");
+    assert_eq!(problem["layer"], "loop timeout");
+    assert_eq!(problem["orderCharged"], true);
+    assert_eq!(h.db.receipts("LT-2").await, 1);
+    assert_eq!(h.model.requests(), 2);
+}
