@@ -6,6 +6,7 @@ pub mod assistant;
 pub mod config;
 pub mod db;
 pub mod http;
+pub mod idempotency;
 pub mod model;
 pub mod payments;
 pub mod telemetry;
@@ -40,6 +41,7 @@ pub struct App {
     state: AppState,
     /// The built-in model, when no provider is configured; it lives as long as the app.
     scripted: Option<ScriptedModel>,
+    sweeper: tokio::task::JoinHandle<()>,
 }
 
 impl App {
@@ -80,9 +82,18 @@ impl App {
         let agent = AgentLoop::new(client, ToolBox::new(gateway.clone()), settings.max_rounds);
         let assistant = Assistant::new(agent, &settings.loop_retry());
         announce(&settings, &db, &info);
+        let sweep_every = (settings.idempotency_ttl / 4).clamp(
+            std::time::Duration::from_millis(100),
+            std::time::Duration::from_secs(60),
+        );
+        let sweeper = tokio::spawn(idempotency::sweep_forever(
+            idempotency::Records::new(&db),
+            sweep_every,
+        ));
         Ok(App {
             state: AppState::new(settings, db, gateway, assistant, info),
             scripted,
+            sweeper,
         })
     }
 
@@ -108,6 +119,7 @@ impl App {
                 tracing::info!("shutting down: finishing in-flight checkouts");
             })
             .await?;
+        self.sweeper.abort();
         self.state.db().close().await;
         drop(self.scripted);
         tracing::info!("stopped");
@@ -129,7 +141,9 @@ fn announce(settings: &Settings, db: &Database, model: &ModelInfo) {
     tracing::info!(
         layer = 1,
         unit = "the whole operation",
-        "resilience chain, outermost first: [1] client POST + Idempotency-Key: the client may retry; a retried key is answered from the idempotency record"
+        "resilience chain, outermost first: [1] client POST + Idempotency-Key: the client may retry; a key's finished answer is replayed for {} s, a key in flight is held by a {} ms lease, a transient failure leaves the key usable",
+        settings.idempotency_ttl.as_secs(),
+        ms(settings.idempotency_lease)
     );
     tracing::info!(
         layer = 2,

@@ -2,7 +2,7 @@
 
 use axum::body::Bytes;
 use axum::extract::rejection::{BytesRejection, QueryRejection};
-use axum::extract::{Query, State};
+use axum::extract::{Extension, Query, State};
 use axum::http::{HeaderMap, StatusCode, header};
 use axum::response::{IntoResponse, Response};
 use serde::{Deserialize, Serialize};
@@ -10,8 +10,9 @@ use serde_json::value::RawValue;
 use utoipa::{IntoParams, ToSchema};
 
 use super::error::{Code, Problem, ProblemBody};
-use super::{Answer, AppState, ReceiptView};
+use super::{Answer, AppState, ReceiptView, idempotent};
 use crate::assistant::{CheckoutContext, CheckoutError, CheckoutOutcome, FailureKind, LoopStop};
+use crate::idempotency::Caller;
 use crate::model::{ModelErrorKind, Stop};
 use crate::payments::money::json_decimal;
 use crate::payments::{Currency, Money, OperationKey, Order, OrderId};
@@ -113,6 +114,7 @@ pub struct CheckoutResponse {
 )]
 pub async fn checkout(
     State(app): State<AppState>,
+    caller: Option<Extension<Caller>>,
     headers: HeaderMap,
     query: Result<Query<CheckoutQuery>, QueryRejection>,
     body: Result<Bytes, BytesRejection>,
@@ -133,10 +135,18 @@ pub async fn checkout(
         Err(problem) => return problem.into_response(),
     };
     let format = Format::from_accept(&headers);
-    let operation_key = client_key.unwrap_or_else(OperationKey::mint);
-    run(&app, order, operation_key, format)
-        .await
-        .into_response()
+    match client_key {
+        Some(key) => {
+            let scope = caller.map(|Extension(c)| c.0).unwrap_or_default();
+            idempotent::checkout(app, scope, key, order, format).await
+        }
+        None => {
+            let operation_key = OperationKey::mint();
+            idempotent::detached(async move { run(&app, order, operation_key, format).await })
+                .await
+                .into_response()
+        }
+    }
 }
 
 /// Runs one checkout to its answer. Everything retried happens inside `assistant`.

@@ -41,6 +41,14 @@ impl Code {
         }
     }
 
+    /// Outcomes that a repeat of the same request would meet again.
+    pub fn is_final(self) -> bool {
+        matches!(
+            self,
+            Code::InvalidRequest | Code::AmountConflict | Code::ModelDidNotCharge
+        )
+    }
+
     fn status(self) -> StatusCode {
         match self {
             Code::InvalidRequest => StatusCode::BAD_REQUEST,
@@ -178,6 +186,7 @@ impl Problem {
         }
         let mut answer = Answer::new(self.status(), PROBLEM_JSON, self.body().to_string());
         answer.retry_after = self.retry_after;
+        answer.final_outcome = self.code.is_final();
         answer
     }
 }

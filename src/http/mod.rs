@@ -3,6 +3,7 @@
 pub mod checkout;
 pub mod error;
 pub mod health;
+pub mod idempotent;
 pub mod receipts;
 
 use std::sync::Arc;
@@ -25,6 +26,7 @@ use utoipa_swagger_ui::SwaggerUi;
 use crate::assistant::Assistant;
 use crate::config::Settings;
 use crate::db::Database;
+use crate::idempotency::Records;
 use crate::payments::{PaymentGateway, Receipt};
 use error::{Code, Problem};
 pub use health::ModelInfo;
@@ -37,6 +39,7 @@ struct Shared {
     settings: Settings,
     db: Database,
     gateway: PaymentGateway,
+    records: Records,
     assistant: Assistant,
     model: ModelInfo,
 }
@@ -50,6 +53,7 @@ impl AppState {
         model: ModelInfo,
     ) -> Self {
         AppState(Arc::new(Shared {
+            records: Records::new(&db),
             settings,
             db,
             gateway,
@@ -70,6 +74,10 @@ impl AppState {
         &self.0.gateway
     }
 
+    pub fn records(&self) -> &Records {
+        &self.0.records
+    }
+
     pub fn assistant(&self) -> &Assistant {
         &self.0.assistant
     }
@@ -86,6 +94,9 @@ pub struct Answer {
     pub content_type: String,
     pub body: Bytes,
     pub retry_after: Option<u64>,
+    /// A final outcome, saved under an Idempotency-Key and replayed: the same request
+    /// would end the same way. Transient failures are not: a retry may well succeed.
+    pub final_outcome: bool,
 }
 
 impl Answer {
@@ -95,6 +106,7 @@ impl Answer {
             content_type: content_type.to_owned(),
             body: body.into(),
             retry_after: None,
+            final_outcome: status.is_success(),
         }
     }
 
