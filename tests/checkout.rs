@@ -387,6 +387,15 @@ async fn the_openapi_document_describes_every_field_and_error() {
     // Optional: absent `required` means false in OpenAPI.
     assert!(post["requestBody"]["content"]["application/json"].is_object());
     assert_ne!(post["requestBody"]["required"], Value::Bool(true));
+    // Swagger UI fills the body with the first example: it must leave the query to speak,
+    // or "Try it out" with edited query parameters would meet a disagreeing body.
+    let examples = post["requestBody"]["content"]["application/json"]["examples"]
+        .as_object()
+        .unwrap();
+    assert_eq!(
+        examples.values().next().unwrap()["value"],
+        serde_json::json!({})
+    );
     for path in ["/receipts/{orderId}", "/health/live", "/health/ready"] {
         assert!(doc["paths"][path]["get"].is_object(), "{path}");
     }

@@ -136,6 +136,11 @@ impl ToolBox {
                 }
             })?;
         let receipt = charged.receipt;
+        if charged.created {
+            tracing::info!(order = %receipt.order_id, receipt = %receipt.id, "charge tool: charged the order");
+        } else {
+            tracing::info!(order = %receipt.order_id, receipt = %receipt.id, "charge tool: the order was already charged; returning its receipt, charging nothing");
+        }
         ctx.record_charge(&receipt);
         let content = json!({
             "status": "charged",

@@ -98,7 +98,15 @@ pub struct CheckoutResponse {
         CheckoutQuery,
         ("Idempotency-Key" = Option<String>, Header, description = "Makes a retried POST safe to send: the same key with the same order replays the first answer. A structured-field string (`\"k-1\"`) or a bare token, 1–255 printable ASCII characters."),
     ),
-    request_body(content = Option<CheckoutBody>, content_type = "application/json", description = "The order, instead of query parameters."),
+    request_body(
+        content = Option<CheckoutBody>,
+        content_type = "application/json",
+        description = "The order, instead of query parameters. An empty object (or no body) leaves the query parameters to say it.",
+        examples(
+            ("query parameters only" = (summary = "The order is in the query parameters", value = json!({}))),
+            ("the order in the body" = (summary = "The order as a JSON body", value = json!({"orderId": "A-100", "amount": "42.50", "currency": "USD"}))),
+        )
+    ),
     responses(
         (status = 200, description = "The order is charged (now, or by an earlier operation)", content(
             (CheckoutResponse = "application/json"),

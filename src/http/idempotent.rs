@@ -5,6 +5,7 @@ use std::time::Duration;
 
 use axum::http::HeaderValue;
 use axum::response::{IntoResponse, Response};
+use tracing::Instrument;
 
 use super::checkout::{Format, run};
 use super::error::{Code, Problem};
@@ -64,7 +65,7 @@ pub async fn checkout(
 /// Runs the checkout in a task of its own, so that it finishes (and its answer is saved)
 /// even when the client goes away or the server timeout gives up on the connection.
 pub async fn detached(work: impl Future<Output = Answer> + Send + 'static) -> Answer {
-    match tokio::spawn(work).await {
+    match tokio::spawn(work.in_current_span()).await {
         Ok(answer) => answer,
         Err(err) => Problem::new(
             Code::Unavailable,

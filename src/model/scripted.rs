@@ -671,7 +671,7 @@ pub fn describe(rules: &[FaultRule]) -> String {
             let _ = write!(out, " at round {round}");
         }
         if let Some(times) = rule.times {
-            let _ = write!(out, " {times} time(s)");
+            let _ = write!(out, ", {times} time(s)");
         }
         if let Some(percent) = rule.percent {
             let _ = write!(out, " on {percent}% of requests");
