@@ -36,6 +36,15 @@ impl Cluster {
         ])
     }
 
+    /// The checkout, sent in the background: its answer is lost with the victim.
+    fn start_checkout(&self, at: &Process) -> tokio::task::JoinHandle<Reply> {
+        let (http, url) = (
+            self.http.clone(),
+            at.url("/checkout?orderId=K-1&amount=9.99"),
+        );
+        tokio::spawn(async move { post(&http, &url, &[KEY], None).await })
+    }
+
     async fn checkout(&self, at: &Process) -> Reply {
         post(
             &self.http,
@@ -85,9 +94,7 @@ fn kill(mut victim: Process) {
 async fn killed_before_the_charge_the_retry_charges_once() {
     let c = Cluster::new("slow=3000@1x1").await;
     let (victim, survivor) = (c.instance(), c.instance());
-    let url = victim.url("/checkout?orderId=K-1&amount=9.99");
-    let http = c.http.clone();
-    let lost = tokio::spawn(async move { post(&http, &url, &[KEY], None).await });
+    let lost = c.start_checkout(&victim);
     c.until("round 1 is asked", async || c.model.requests() == 1)
         .await;
     kill(victim);
@@ -112,9 +119,7 @@ async fn killed_before_the_charge_the_retry_charges_once() {
 async fn killed_after_the_charge_before_the_answer_the_retry_charges_once() {
     let c = Cluster::new("slow=3000@2x1").await;
     let (victim, survivor) = (c.instance(), c.instance());
-    let url = victim.url("/checkout?orderId=K-1&amount=9.99");
-    let http = c.http.clone();
-    let lost = tokio::spawn(async move { post(&http, &url, &[KEY], None).await });
+    let lost = c.start_checkout(&victim);
     c.until("round 2 is asked, after the charge", async || {
         c.model.requests() == 2
     })
@@ -138,9 +143,7 @@ async fn killed_after_the_charge_before_the_answer_the_retry_charges_once() {
 async fn killed_while_saving_the_answer_the_retry_gets_the_committed_answer() {
     let c = Cluster::new("slow=500@1x1").await;
     let (victim, survivor) = (c.instance(), c.instance());
-    let url = victim.url("/checkout?orderId=K-1&amount=9.99");
-    let http = c.http.clone();
-    let lost = tokio::spawn(async move { post(&http, &url, &[KEY], None).await });
+    let lost = c.start_checkout(&victim);
     c.until("round 1 is asked", async || c.model.requests() == 1)
         .await;
 

@@ -8,12 +8,13 @@ use std::time::Duration;
 
 use tower::BoxError;
 use tower::retry::Policy;
-use tower::retry::backoff::{Backoff, ExponentialBackoff, ExponentialBackoffMaker, MakeBackoff};
+use tower::retry::backoff::{Backoff, ExponentialBackoff};
 use tower::util::rng::HasherRng;
 
 use super::agent::CheckoutOutcome;
 use super::context::LoopRequest;
 use super::error::{CheckoutError, FailureKind, LoopStop};
+use crate::model::retry::jittered_backoff;
 
 #[derive(Clone, Debug)]
 pub struct LoopRetrySettings {
@@ -32,18 +33,10 @@ pub struct LoopRetry {
 
 impl LoopRetry {
     pub fn new(settings: &LoopRetrySettings) -> Self {
-        let backoff = ExponentialBackoffMaker::new(
-            settings.backoff_min,
-            settings.backoff_max.max(settings.backoff_min),
-            1.0,
-            HasherRng::default(),
-        )
-        .expect("backoff bounds are checked when the settings are loaded")
-        .make_backoff();
         LoopRetry {
             max_retries: settings.max_retries,
             timeout: settings.timeout,
-            backoff,
+            backoff: jittered_backoff(settings.backoff_min, settings.backoff_max),
         }
     }
 }

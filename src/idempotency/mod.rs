@@ -62,6 +62,25 @@ pub struct Saved {
     pub body: Vec<u8>,
 }
 
+impl Saved {
+    /// From the stored columns; `None` while the key is unfinished (no status yet).
+    fn from_columns(
+        status: Option<i64>,
+        content_type: Option<String>,
+        body: Option<Vec<u8>>,
+    ) -> Result<Option<Saved>, StoreError> {
+        let Some(status) = status else {
+            return Ok(None);
+        };
+        Ok(Some(Saved {
+            status: u16::try_from(status)
+                .map_err(|_| StoreError::Corrupt(format!("saved status {status}")))?,
+            content_type: content_type.unwrap_or_default(),
+            body: body.unwrap_or_default(),
+        }))
+    }
+}
+
 /// What `begin` found.
 #[derive(Debug, PartialEq, Eq)]
 pub enum Begin {

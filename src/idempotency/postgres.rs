@@ -51,20 +51,11 @@ impl RecordStore for PgRecords {
         .fetch_optional(&self.pool)
         .await?;
         let Some(row) = row else { return Ok(None) };
-        let status: Option<i32> = row.try_get("status")?;
-        let saved = match status {
-            Some(status) => Some(Saved {
-                status: u16::try_from(status)
-                    .map_err(|_| StoreError::Corrupt(format!("saved status {status}")))?,
-                content_type: row
-                    .try_get::<Option<String>, _>("content_type")?
-                    .unwrap_or_default(),
-                body: row
-                    .try_get::<Option<Vec<u8>>, _>("body")?
-                    .unwrap_or_default(),
-            }),
-            None => None,
-        };
+        let saved = Saved::from_columns(
+            row.try_get::<Option<i32>, _>("status")?.map(i64::from),
+            row.try_get("content_type")?,
+            row.try_get("body")?,
+        )?;
         Ok(Some(Record {
             fingerprint: row.try_get("fingerprint")?,
             fence: row.try_get("fence")?,

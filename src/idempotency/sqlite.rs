@@ -62,20 +62,11 @@ impl RecordStore for SqliteRecords {
         .await?;
         let Some(row) = row else { return Ok(None) };
         let now = now_ms();
-        let status: Option<i64> = row.try_get("status")?;
-        let saved = match status {
-            Some(status) => Some(Saved {
-                status: u16::try_from(status)
-                    .map_err(|_| StoreError::Corrupt(format!("saved status {status}")))?,
-                content_type: row
-                    .try_get::<Option<String>, _>("content_type")?
-                    .unwrap_or_default(),
-                body: row
-                    .try_get::<Option<Vec<u8>>, _>("body")?
-                    .unwrap_or_default(),
-            }),
-            None => None,
-        };
+        let saved = Saved::from_columns(
+            row.try_get::<Option<i64>, _>("status")?,
+            row.try_get("content_type")?,
+            row.try_get("body")?,
+        )?;
         let lease_until: Option<i64> = row.try_get("lease_until")?;
         let lease_left = lease_until.map_or(0, |until| (until - now).max(0));
         Ok(Some(Record {

@@ -42,14 +42,7 @@ pub struct RequestRetry {
 
 impl RequestRetry {
     pub fn new(settings: &RequestRetrySettings) -> Self {
-        let backoff = ExponentialBackoffMaker::new(
-            settings.backoff_min,
-            settings.backoff_max.max(settings.backoff_min),
-            1.0,
-            HasherRng::default(),
-        )
-        .expect("backoff bounds are checked when the settings are loaded")
-        .make_backoff();
+        let backoff = jittered_backoff(settings.backoff_min, settings.backoff_max);
         RequestRetry {
             max_retries: settings.max_retries,
             timeout: settings.timeout,
@@ -82,6 +75,14 @@ impl RequestRetry {
         }
         Ok(kind.retry_after().unwrap_or_default())
     }
+}
+
+/// Exponential backoff from `min`, doubling up to `max`, each wait plus up to 100 % jitter
+/// (capped at `max`), so that retries of many requests do not arrive in step.
+pub fn jittered_backoff(min: Duration, max: Duration) -> ExponentialBackoff<HasherRng> {
+    ExponentialBackoffMaker::new(min, max.max(min), 1.0, HasherRng::default())
+        .expect("backoff bounds are checked when the settings are loaded")
+        .make_backoff()
 }
 
 impl Policy<ModelCall, ChatResponse, BoxError> for RequestRetry {

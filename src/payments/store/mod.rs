@@ -111,15 +111,27 @@ impl NewReceipt {
     }
 }
 
-/// Sorts the row that came back into what the charge did.
-fn outcome(receipt: Receipt, created: bool, asked: Money) -> ChargeOutcome {
-    if created {
-        ChargeOutcome::Created(receipt)
-    } else if receipt.amount == asked {
-        ChargeOutcome::Existing(receipt)
-    } else {
-        ChargeOutcome::AmountConflict(receipt)
+/// What a charge did: the receipt its insert returned, or, when the insert lost to an
+/// earlier or concurrent charge, the winner's, read by `winner`. Under READ COMMITTED that
+/// read is a new statement with a fresh snapshot, so it sees the winner's row even when the
+/// winner committed while our insert was waiting on it.
+async fn settle(
+    inserted: Option<Receipt>,
+    key: &ChargeKey,
+    asked: Money,
+    winner: impl Future<Output = Result<Option<Receipt>, StoreError>>,
+) -> Result<ChargeOutcome, StoreError> {
+    if let Some(receipt) = inserted {
+        return Ok(ChargeOutcome::Created(receipt));
     }
+    let existing = winner
+        .await?
+        .ok_or_else(|| StoreError::Corrupt(format!("receipt for {} vanished", key.order_id())))?;
+    Ok(if existing.amount == asked {
+        ChargeOutcome::Existing(existing)
+    } else {
+        ChargeOutcome::AmountConflict(existing)
+    })
 }
 
 /// Builds a receipt from stored columns, refusing values no charge could have written.

@@ -3,7 +3,7 @@ use sqlx::Row;
 use sqlx::postgres::{PgPool, PgRow};
 use uuid::Uuid;
 
-use super::{NewReceipt, Receipt, ReceiptStore, outcome, receipt_from_columns};
+use super::{NewReceipt, Receipt, ReceiptStore, receipt_from_columns, settle};
 use crate::db::StoreError;
 use crate::payments::keys::{ChargeKey, OperationKey, OrderId};
 use crate::payments::money::Money;
@@ -50,16 +50,8 @@ impl ReceiptStore for PgReceipts {
             .fetch_optional(&mut *conn)
             .await?;
         drop(conn);
-        if let Some(row) = inserted {
-            return Ok(outcome(from_row(&row)?, true, amount));
-        }
-        // The insert lost to an earlier or concurrent charge. Under READ COMMITTED this
-        // second statement takes a fresh snapshot, so it sees the winner's row even when
-        // the winner committed while our insert was waiting on it.
-        let existing = self.receipt(key.order_id()).await?.ok_or_else(|| {
-            StoreError::Corrupt(format!("receipt for {} vanished", key.order_id()))
-        })?;
-        Ok(outcome(existing, false, amount))
+        let inserted = inserted.as_ref().map(from_row).transpose()?;
+        settle(inserted, key, amount, self.receipt(key.order_id())).await
     }
 
     async fn receipt(&self, order: &OrderId) -> Result<Option<Receipt>, StoreError> {

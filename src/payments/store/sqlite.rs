@@ -3,7 +3,7 @@ use sqlx::Row;
 use sqlx::sqlite::{SqlitePool, SqliteRow};
 use uuid::Uuid;
 
-use super::{NewReceipt, Receipt, ReceiptStore, outcome, receipt_from_columns};
+use super::{NewReceipt, Receipt, ReceiptStore, receipt_from_columns, settle};
 use crate::db::StoreError;
 use crate::payments::keys::{ChargeKey, OperationKey, OrderId};
 use crate::payments::money::Money;
@@ -52,13 +52,8 @@ impl ReceiptStore for SqliteReceipts {
             .fetch_optional(&mut *conn)
             .await?;
         drop(conn);
-        if let Some(row) = inserted {
-            return Ok(outcome(from_row(&row)?, true, amount));
-        }
-        let existing = self.receipt(key.order_id()).await?.ok_or_else(|| {
-            StoreError::Corrupt(format!("receipt for {} vanished", key.order_id()))
-        })?;
-        Ok(outcome(existing, false, amount))
+        let inserted = inserted.as_ref().map(from_row).transpose()?;
+        settle(inserted, key, amount, self.receipt(key.order_id())).await
     }
 
     async fn receipt(&self, order: &OrderId) -> Result<Option<Receipt>, StoreError> {
