@@ -69,13 +69,14 @@ impl ModelClient {
             .tcp_nodelay(true)
             .pool_idle_timeout(Duration::from_secs(90))
             .build()?;
+        // Parsed once: reqwest would otherwise parse (and IDNA-map) the URL on every send.
+        let url = reqwest::Url::parse(&format!(
+            "{}/chat/completions",
+            endpoint.base_url.trim_end_matches('/')
+        ))?;
         let transport = Transport {
             http,
-            url: format!(
-                "{}/chat/completions",
-                endpoint.base_url.trim_end_matches('/')
-            )
-            .into(),
+            url,
             api_key: endpoint.api_key.clone(),
         };
         let stack = ServiceBuilder::new()
@@ -127,7 +128,7 @@ impl ModelClient {
 #[derive(Clone)]
 struct Transport {
     http: reqwest::Client,
-    url: Arc<str>,
+    url: reqwest::Url,
     api_key: Option<Secret>,
 }
 
@@ -156,7 +157,7 @@ impl Transport {
         );
         let mut request = self
             .http
-            .post(&*self.url)
+            .post(self.url.clone())
             .header(CONTENT_TYPE, "application/json")
             .body(call.body);
         if let Some(key) = &self.api_key {
