@@ -1,0 +1,44 @@
+//! `checkout-bench`: measures the checkout service against its floor and its targets.
+//!
+//! `cargo run --release --bin checkout-bench -- --quick` (under a minute) or without
+//! `--quick` (the full run, under ten minutes). See `--help` and bench/README.md.
+//! The same binary is the load generator (`load`) and the floor's bare parts
+//! (`floor-axum`, `floor-reqwest`, `floor-sql`), each run as a process of its own.
+
+#[path = "checkout-bench/args.rs"]
+mod args;
+#[path = "checkout-bench/bench.rs"]
+mod bench;
+#[path = "checkout-bench/child.rs"]
+mod child;
+#[path = "checkout-bench/floor.rs"]
+mod floor;
+#[path = "checkout-bench/load.rs"]
+mod load;
+#[path = "checkout-bench/procfs.rs"]
+mod procfs;
+#[path = "checkout-bench/report.rs"]
+mod report;
+#[path = "checkout-bench/svg.rs"]
+mod svg;
+
+use std::process::ExitCode;
+
+fn main() -> ExitCode {
+    let mut args = args::Args::new(std::env::args().skip(1).collect());
+    let result = match args.subcommand().as_deref() {
+        None => bench::main(&mut args),
+        Some("load") => load::main(&mut args),
+        Some("floor-axum") => floor::axum_main(&mut args),
+        Some("floor-reqwest") => floor::reqwest_main(&mut args),
+        Some("floor-sql") => floor::sql_main(&mut args),
+        Some(other) => Err(format!("unknown subcommand {other:?}; see --help")),
+    };
+    match result {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(message) => {
+            eprintln!("checkout-bench: {message}");
+            ExitCode::from(2)
+        }
+    }
+}

@@ -1,0 +1,334 @@
+//! The floor: the I/O a checkout cannot avoid, each part measured bare, in its own
+//! process. `floor-axum` serves a bare axum handler (driven by the load generator, its
+//! CPU read from /proc like the service's); `floor-reqwest` sends the two
+//! chat-completions bodies of a checkout to the scripted model with a bare reqwest
+//! client; `floor-sql` runs the bare sqlx charge statement. The last two measure their
+//! own CPU and print a JSON [`FloorReport`].
+
+use std::io::Write;
+use std::str::FromStr;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::time::{Duration, Instant};
+
+use bytes::Bytes;
+use chrono::{SecondsFormat, SubsecRound, Utc};
+use serde::{Deserialize, Serialize};
+use sqlx::postgres::PgPoolOptions;
+use sqlx::sqlite::{SqliteConnectOptions, SqliteJournalMode, SqlitePoolOptions, SqliteSynchronous};
+
+use checkout::assistant::{ToolBox, prompts};
+use checkout::model::wire::{ChatRequest, ChatResponse, Message};
+use checkout::payments::{Currency, Money, Order, OrderId};
+
+use crate::args::Args;
+use crate::procfs;
+
+/// An answer the size and shape of the service's 200 to `POST /checkout`.
+const CHECKOUT_ANSWER: &str = r#"{"orderId":"c1-0-1","amount":"42.50","currency":"USD","message":"Your payment of 42.50 USD for order c1-0-1 went through; your receipt is 0199a1b2-c3d4-7e5f-8a9b-0c1d2e3f4a5b.","receipt":{"id":"0199a1b2-c3d4-7e5f-8a9b-0c1d2e3f4a5b","orderId":"c1-0-1","amount":"42.50","currency":"USD","createdAt":"2026-01-01T00:00:00.000000Z"},"charged":true,"attempts":1,"operationKey":"0199a1b2-c3d4-7e5f-8a9b-0c1d2e3f4a5c"}"#;
+
+/// What `floor-reqwest` and `floor-sql` measured.
+#[derive(Clone, Debug, Default, Serialize, Deserialize)]
+pub struct FloorReport {
+    /// Operations completed in the measured span (a pair of POSTs, or one statement).
+    pub count: u64,
+    pub cpu_ms: f64,
+    pub wall_ms: f64,
+}
+
+impl FloorReport {
+    pub fn cpu_per_op_us(&self) -> f64 {
+        self.cpu_ms * 1000.0 / self.count.max(1) as f64
+    }
+}
+
+/// reqwest is built without a TLS provider; the service installs ring, and so do we.
+pub fn install_tls_provider() {
+    let _ = rustls::crypto::ring::default_provider().install_default();
+}
+
+/// `floor-axum`: a bare axum handler for `POST /checkout`, answering a fixed body.
+pub fn axum_main(args: &mut Args) -> Result<(), String> {
+    args.done()?;
+    let runtime = tokio::runtime::Runtime::new().map_err(|e| e.to_string())?;
+    runtime.block_on(async {
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+            .await
+            .map_err(|e| e.to_string())?;
+        let addr = listener.local_addr().map_err(|e| e.to_string())?;
+        let app = axum::Router::new().route(
+            "/checkout",
+            axum::routing::post(|| async {
+                (
+                    [(axum::http::header::CONTENT_TYPE, "application/json")],
+                    CHECKOUT_ANSWER,
+                )
+            }),
+        );
+        println!("floor axum listening on http://{addr}");
+        std::io::stdout().flush().map_err(|e| e.to_string())?;
+        axum::serve(listener, app).await.map_err(|e| e.to_string())
+    })
+}
+
+/// The two request bodies of one checkout: round 1 (charge) and round 2 (confirm),
+/// built as the service builds them, with the model's real round-1 answer in round 2.
+async fn chat_bodies(client: &reqwest::Client, url: &str) -> Result<(Bytes, Bytes), String> {
+    let currency = Currency::parse("USD").map_err(|e| e.to_string())?;
+    let order = Order::new(
+        OrderId::parse("floor-0-1").map_err(|e| e.to_string())?,
+        Money::parse("42.50", currency).map_err(|e| e.to_string())?,
+    );
+    let mut chat = ChatRequest {
+        model: "gpt-4o-mini".into(),
+        messages: prompts::opening(&order),
+        tools: ToolBox::specs(),
+    };
+    let round1 = Bytes::from(serde_json::to_vec(&chat).map_err(|e| e.to_string())?);
+    let answer = post(client, url, round1.clone()).await?;
+    let answer: ChatResponse = serde_json::from_slice(&answer).map_err(|e| e.to_string())?;
+    let message = answer
+        .choices
+        .into_iter()
+        .next()
+        .ok_or("the scripted model's answer has no choices")?
+        .message;
+    let calls = message.tool_calls.unwrap_or_default();
+    let call = calls
+        .first()
+        .ok_or("the scripted model did not call charge")?;
+    let tool_content = serde_json::json!({
+        "status": "charged",
+        "orderId": "floor-0-1",
+        "amount": "42.50",
+        "currency": "USD",
+        "receiptId": uuid::Uuid::now_v7().to_string(),
+        "alreadyCharged": false,
+    })
+    .to_string();
+    let id = call.id.clone();
+    chat.messages.push(Message::Assistant {
+        content: message.content,
+        tool_calls: calls,
+    });
+    chat.messages.push(Message::Tool {
+        tool_call_id: id,
+        content: tool_content,
+    });
+    let round2 = Bytes::from(serde_json::to_vec(&chat).map_err(|e| e.to_string())?);
+    Ok((round1, round2))
+}
+
+/// One POST as the service's transport sends it: JSON body, answer read whole, not parsed.
+async fn post(client: &reqwest::Client, url: &str, body: Bytes) -> Result<Bytes, String> {
+    let response = client
+        .post(url)
+        .header(reqwest::header::CONTENT_TYPE, "application/json")
+        .body(body)
+        .send()
+        .await
+        .map_err(|e| e.to_string())?;
+    let status = response.status();
+    let body = response.bytes().await.map_err(|e| e.to_string())?;
+    if !status.is_success() {
+        return Err(format!("the model answered {status}"));
+    }
+    Ok(body)
+}
+
+struct Span {
+    concurrency: usize,
+    warmup: Duration,
+    duration: Duration,
+}
+
+impl Span {
+    fn parse(args: &mut Args) -> Result<Span, String> {
+        Ok(Span {
+            concurrency: args.number("--concurrency")?.unwrap_or(64),
+            warmup: Duration::from_millis(args.number("--warmup-ms")?.unwrap_or(300)),
+            duration: Duration::from_millis(args.number("--duration-ms")?.unwrap_or(2000)),
+        })
+    }
+
+    /// Runs `op` in `concurrency` loops for the warm-up and then the measured span, and
+    /// returns the operations and the CPU time of this process within the measured span.
+    async fn measure<F, Fut>(&self, op: F) -> Result<FloorReport, String>
+    where
+        F: Fn(usize, u64) -> Fut + Send + Sync + 'static,
+        Fut: std::future::Future<Output = Result<(), String>> + Send,
+    {
+        let ticks = procfs::clock_ticks();
+        let op = Arc::new(op);
+        let done = Arc::new(AtomicU64::new(0));
+        let stop = Arc::new(AtomicBool::new(false));
+        let mut tasks = Vec::new();
+        for worker in 0..self.concurrency {
+            let (op, done, stop) = (op.clone(), done.clone(), stop.clone());
+            tasks.push(tokio::spawn(async move {
+                let mut n = 0;
+                while !stop.load(Ordering::Relaxed) {
+                    n += 1;
+                    op(worker, n).await?;
+                    done.fetch_add(1, Ordering::Relaxed);
+                }
+                Ok::<(), String>(())
+            }));
+        }
+        tokio::time::sleep(self.warmup).await;
+        let (count0, cpu0, t0) = (
+            done.load(Ordering::Relaxed),
+            procfs::cpu_time("self", ticks).map_err(|e| e.to_string())?,
+            Instant::now(),
+        );
+        tokio::time::sleep(self.duration).await;
+        let (count1, cpu1, t1) = (
+            done.load(Ordering::Relaxed),
+            procfs::cpu_time("self", ticks).map_err(|e| e.to_string())?,
+            Instant::now(),
+        );
+        stop.store(true, Ordering::Relaxed);
+        for task in tasks {
+            task.await.map_err(|e| e.to_string())??;
+        }
+        Ok(FloorReport {
+            count: count1 - count0,
+            cpu_ms: (cpu1 - cpu0).as_secs_f64() * 1000.0,
+            wall_ms: (t1 - t0).as_secs_f64() * 1000.0,
+        })
+    }
+}
+
+fn print(report: &FloorReport) -> Result<(), String> {
+    let mut stdout = std::io::stdout().lock();
+    serde_json::to_writer(&mut stdout, report).map_err(|e| e.to_string())?;
+    writeln!(stdout).map_err(|e| e.to_string())
+}
+
+/// `floor-reqwest --model BASE_URL`: pairs of bare POSTs (round 1, round 2).
+pub fn reqwest_main(args: &mut Args) -> Result<(), String> {
+    let base = args
+        .value("--model")?
+        .ok_or("floor-reqwest: --model is required")?;
+    let span = Span::parse(args)?;
+    args.done()?;
+    let runtime = tokio::runtime::Runtime::new().map_err(|e| e.to_string())?;
+    let report = runtime.block_on(async move {
+        // Built as the service builds its model client.
+        install_tls_provider();
+        let client = reqwest::Client::builder()
+            .tcp_nodelay(true)
+            .pool_idle_timeout(Duration::from_secs(90))
+            .build()
+            .map_err(|e| e.to_string())?;
+        let url: Arc<str> = format!("{}/chat/completions", base.trim_end_matches('/')).into();
+        let (round1, round2) = chat_bodies(&client, &url).await?;
+        span.measure(move |_, _| {
+            let (client, url, round1, round2) =
+                (client.clone(), url.clone(), round1.clone(), round2.clone());
+            async move {
+                post(&client, &url, round1).await?;
+                post(&client, &url, round2).await?;
+                Ok(())
+            }
+        })
+        .await
+    })?;
+    print(&report)
+}
+
+const PG_INSERT: &str = "\
+    INSERT INTO receipts (id, order_id, amount_minor, currency, operation_key, created_at) \
+    VALUES ($1, $2, $3, $4, $5, $6) \
+    ON CONFLICT (order_id) DO NOTHING \
+    RETURNING id, order_id, amount_minor, currency, operation_key, created_at";
+
+const SQLITE_INSERT: &str = "\
+    INSERT INTO receipts (id, order_id, amount_minor, currency, operation_key, created_at) \
+    VALUES (?1, ?2, ?3, ?4, ?5, ?6) \
+    ON CONFLICT (order_id) DO NOTHING \
+    RETURNING id, order_id, amount_minor, currency, operation_key, created_at";
+
+/// `floor-sql --database URL --prefix P`: the bare charge statement, a fresh order each
+/// time, through a pool sized and configured as the service's.
+pub fn sql_main(args: &mut Args) -> Result<(), String> {
+    let url = args
+        .value("--database")?
+        .ok_or("floor-sql: --database is required")?;
+    let prefix = args.value("--prefix")?.unwrap_or_else(|| "floor".into());
+    let pool_size: u32 = args.number("--pool")?.unwrap_or(16);
+    let span = Span::parse(args)?;
+    args.done()?;
+    let runtime = tokio::runtime::Runtime::new().map_err(|e| e.to_string())?;
+    let report = runtime.block_on(async move {
+        let acquire = Duration::from_secs(2);
+        if url.starts_with("postgres") {
+            let pool = PgPoolOptions::new()
+                .max_connections(pool_size)
+                .acquire_timeout(acquire)
+                .test_before_acquire(false)
+                .connect(&url)
+                .await
+                .map_err(|e| e.to_string())?;
+            span.measure(move |worker, n| {
+                let pool = pool.clone();
+                let order = format!("{prefix}-{worker}-{n}");
+                async move {
+                    let mut conn = pool.acquire().await.map_err(|e| e.to_string())?;
+                    sqlx::query(PG_INSERT)
+                        .bind(uuid::Uuid::now_v7())
+                        .bind(order.as_str())
+                        .bind(4250_i64)
+                        .bind("USD")
+                        .bind(uuid::Uuid::now_v7().to_string())
+                        .bind(Utc::now().trunc_subsecs(6))
+                        .fetch_optional(&mut *conn)
+                        .await
+                        .map_err(|e| e.to_string())?;
+                    Ok(())
+                }
+            })
+            .await
+        } else {
+            // The options the service opens SQLite with (src/db.rs).
+            let options = SqliteConnectOptions::from_str(&url)
+                .map_err(|e| e.to_string())?
+                .create_if_missing(true)
+                .journal_mode(SqliteJournalMode::Wal)
+                .synchronous(SqliteSynchronous::Full)
+                .busy_timeout(acquire)
+                .foreign_keys(true);
+            let pool = SqlitePoolOptions::new()
+                .max_connections(pool_size.min(8))
+                .acquire_timeout(acquire)
+                .test_before_acquire(false)
+                .connect_with(options)
+                .await
+                .map_err(|e| e.to_string())?;
+            span.measure(move |worker, n| {
+                let pool = pool.clone();
+                let order = format!("{prefix}-{worker}-{n}");
+                async move {
+                    let mut conn = pool.acquire().await.map_err(|e| e.to_string())?;
+                    sqlx::query(SQLITE_INSERT)
+                        .bind(uuid::Uuid::now_v7().to_string())
+                        .bind(order.as_str())
+                        .bind(4250_i64)
+                        .bind("USD")
+                        .bind(uuid::Uuid::now_v7().to_string())
+                        .bind(
+                            Utc::now()
+                                .trunc_subsecs(6)
+                                .to_rfc3339_opts(SecondsFormat::Micros, true),
+                        )
+                        .fetch_optional(&mut *conn)
+                        .await
+                        .map_err(|e| e.to_string())?;
+                    Ok(())
+                }
+            })
+            .await
+        }
+    })?;
+    print(&report)
+}
