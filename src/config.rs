@@ -22,6 +22,7 @@ pub struct Settings {
     pub openai_base_url: Option<String>,
     pub openai_api_key: Option<Secret>,
     pub openai_model: String,
+    pub model_h2c: bool,
     pub request_timeout: Duration,
     pub request_max_retries: u32,
     pub request_backoff: Duration,
@@ -72,6 +73,7 @@ impl Default for Settings {
             openai_base_url: None,
             openai_api_key: None,
             openai_model: "gpt-4o-mini".into(),
+            model_h2c: false,
             request_timeout: Duration::from_millis(10_000),
             request_max_retries: 2,
             request_backoff: Duration::from_millis(200),
@@ -155,6 +157,14 @@ pub const SETTINGS: &[(&str, &str, Setter)] = &[
             return Err("must not be empty".into());
         }
         s.openai_model = v.to_owned();
+        Ok(())
+    }),
+    ("model_h2c", "CHECKOUT_MODEL_H2C", |s, v| {
+        s.model_h2c = match v {
+            "true" => true,
+            "false" => false,
+            _ => return Err(format!("{v:?} is neither true nor false")),
+        };
         Ok(())
     }),
     (
@@ -398,11 +408,14 @@ impl Settings {
             let text = match value {
                 toml::Value::String(s) => s,
                 toml::Value::Integer(n) => n.to_string(),
+                toml::Value::Boolean(b) => b.to_string(),
                 other => {
                     return Err(SettingError {
                         env,
                         key,
-                        message: format!("expected a string or a whole number, got {other}"),
+                        message: format!(
+                            "expected a string, a whole number or a boolean, got {other}"
+                        ),
                     }
                     .into());
                 }
@@ -450,6 +463,15 @@ impl Settings {
                 ms(self.server_timeout)
             )));
         }
+        if let Provider::Remote(endpoint) = self.provider()
+            && self.model_h2c
+            && !endpoint.base_url.starts_with("http://")
+        {
+            return Err(ConfigError::Combination(format!(
+                "CHECKOUT_MODEL_H2C applies to an http:// model URL, not {}: over https the provider and the client agree on HTTP/2 themselves (ALPN)",
+                endpoint.base_url
+            )));
+        }
         let scripted_options = !self.scripted_faults.is_empty() || !self.scripted_delay.is_zero();
         if scripted_options && matches!(self.provider(), Provider::Remote(_)) {
             return Err(ConfigError::Combination(
@@ -480,6 +502,7 @@ impl Settings {
                 .unwrap_or_else(|| OPENAI_BASE_URL.to_owned()),
             api_key: self.openai_api_key.clone(),
             model: self.openai_model.clone(),
+            h2c: self.model_h2c,
         })
     }
 
@@ -583,6 +606,18 @@ mod tests {
                 .contains("must be longer than CHECKOUT_REQUEST_TIMEOUT_MS"),
             "{err}"
         );
+        let err = load(&[("CHECKOUT_MODEL_H2C", "true"), ("OPENAI_API_KEY", "sk-1")]).unwrap_err();
+        assert!(
+            err.to_string()
+                .contains("CHECKOUT_MODEL_H2C applies to an http:// model URL"),
+            "{err}"
+        );
+        let s = load(&[
+            ("CHECKOUT_MODEL_H2C", "true"),
+            ("OPENAI_BASE_URL", "http://127.0.0.1:8000/v1"),
+        ])
+        .unwrap();
+        assert!(s.model_h2c);
         let err = load(&[("CHECKOUT_SERVER_TIMEOUT_MS", "60000")]).unwrap_err();
         assert!(
             err.to_string().contains("shorter than the worst case"),

@@ -64,6 +64,7 @@ impl App {
                     base_url: model.base_url(),
                     api_key: None,
                     model: settings.openai_model.clone(),
+                    h2c: settings.model_h2c,
                 };
                 (endpoint, Some(model))
             }

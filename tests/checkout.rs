@@ -427,3 +427,37 @@ both_backends!(
         assert_eq!(h.db.receipts("RACE-1").await, 1);
     }
 );
+
+/// HTTP/2 both ways: a client that speaks it without TLS (as a load balancer may) gets
+/// its answer over HTTP/2, and with CHECKOUT_MODEL_H2C the model requests go over HTTP/2
+/// too. The charge is the same: one receipt, two model requests.
+#[tokio::test]
+async fn http2_to_the_service_and_to_the_model_charges_once() {
+    let h = Harness::with(Backend::Sqlite, "", |s| s.model_h2c = true).await;
+    let http2 = reqwest::Client::builder()
+        .http2_prior_knowledge()
+        .build()
+        .unwrap();
+    let response = http2
+        .post(h.url("/checkout?orderId=H2-1&amount=3.50"))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(response.version(), reqwest::Version::HTTP_2);
+    let reply = Reply::read(response).await;
+    assert_eq!(reply.status, 200, "{}", reply.text());
+    assert_eq!(reply.json()["charged"], true);
+    assert_eq!(h.db.receipts("H2-1").await, 1);
+    assert_eq!(h.model.requests(), 2);
+    assert_eq!(h.model.requests_over_http2(), 2);
+}
+
+/// Without CHECKOUT_MODEL_H2C a plain http:// model is spoken to in HTTP/1.1, which every
+/// OpenAI-compatible server takes.
+#[tokio::test]
+async fn the_model_is_asked_over_http1_by_default() {
+    let h = Harness::start(Backend::Sqlite).await;
+    assert_eq!(h.checkout("H1-1", "3.50").await.status, 200);
+    assert_eq!(h.model.requests(), 2);
+    assert_eq!(h.model.requests_over_http2(), 0);
+}

@@ -83,14 +83,14 @@ impl Inner {
         let mut chat = ChatRequest {
             model: self.model.model().to_owned(),
             messages: prompts::opening(ctx.order()),
-            tools: ToolBox::specs(),
+            tools: ToolBox::specs().into(),
         };
         let mut receipt: Option<Receipt> = None;
         for round in 1..=self.max_rounds {
-            let reply = self
-                .model
-                .complete(&chat, round)
-                .instrument(tracing::info_span!("model round", round))
+            // The model call and the tools are boxed: each lives only while it runs, so a
+            // loop waiting on the model holds a small future, not the largest of both
+            // (thousands of loops wait at once).
+            let reply = Box::pin(self.model.complete(&chat, round))
                 .await
                 .map_err(FailureKind::Model)?;
             let calls = reply.tool_calls.unwrap_or_default();
@@ -117,9 +117,7 @@ impl Inner {
                 tool_calls: calls.clone(),
             });
             for call in calls {
-                let output = self
-                    .tools
-                    .dispatch(ctx, &call)
+                let output = Box::pin(self.tools.dispatch(ctx, &call))
                     .await
                     .map_err(|err| match err {
                         ToolFailure::AmountConflict { existing, asked } => {

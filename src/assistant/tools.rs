@@ -3,6 +3,8 @@
 //! The model's arguments are only checked against the checkout the client authorized;
 //! what is charged, and under which key, comes from the [`CheckoutContext`].
 
+use std::sync::LazyLock;
+
 use serde::Deserialize;
 use serde_json::json;
 use serde_json::value::RawValue;
@@ -50,23 +52,27 @@ impl ToolBox {
         ToolBox { gateway }
     }
 
-    pub fn specs() -> Vec<ToolSpec> {
-        vec![ToolSpec {
-            kind: "function".into(),
-            function: FunctionSpec {
-                name: CHARGE.into(),
-                description: "Charges the customer for an order. Calling it again for the same order does not charge twice.".into(),
-                parameters: json!({
-                    "type": "object",
-                    "properties": {
-                        "orderId": {"type": "string", "description": "the order id"},
-                        "amount": {"type": "string", "description": "the amount to charge, as a decimal such as 42.50"}
-                    },
-                    "required": ["orderId", "amount"],
-                    "additionalProperties": false
-                }),
-            },
-        }]
+    /// The tools offered to the model, built once.
+    pub fn specs() -> &'static [ToolSpec] {
+        static SPECS: LazyLock<Vec<ToolSpec>> = LazyLock::new(|| {
+            vec![ToolSpec {
+                kind: "function".into(),
+                function: FunctionSpec {
+                    name: CHARGE.into(),
+                    description: "Charges the customer for an order. Calling it again for the same order does not charge twice.".into(),
+                    parameters: json!({
+                        "type": "object",
+                        "properties": {
+                            "orderId": {"type": "string", "description": "the order id"},
+                            "amount": {"type": "string", "description": "the amount to charge, as a decimal such as 42.50"}
+                        },
+                        "required": ["orderId", "amount"],
+                        "additionalProperties": false
+                    }),
+                },
+            }]
+        });
+        &SPECS
     }
 
     /// Runs one tool call. A mistake of the model's (unknown tool, bad arguments, another

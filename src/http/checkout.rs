@@ -127,26 +127,20 @@ pub async fn checkout(
     query: Result<Query<CheckoutQuery>, QueryRejection>,
     body: Result<Bytes, BytesRejection>,
 ) -> Response {
-    let body = match body {
-        Ok(body) => body,
-        Err(err) => {
-            return Problem::invalid("body", format!("cannot read the body: {}", err.body_text()))
-                .into_response();
-        }
-    };
-    let order = match read_order(&headers, query, &body, app.settings().max_amount) {
-        Ok(order) => order,
-        Err(problem) => return problem.into_response(),
-    };
-    let client_key = match idempotency_key(&headers) {
-        Ok(key) => key,
-        Err(problem) => return problem.into_response(),
-    };
-    let format = Format::from_accept(&headers);
+    // The request is read whole before anything waits: the headers and the body are
+    // dropped here, not held for the seconds the model takes.
+    let (order, client_key, format) =
+        match read_request(&headers, query, body, app.settings().max_amount) {
+            Ok(parts) => parts,
+            Err(problem) => return problem.into_response(),
+        };
+    drop(headers);
     match client_key {
         Some(key) => {
             let scope = caller.map(|Extension(c)| c.0).unwrap_or_default();
-            idempotent::checkout(app, scope, key, order, format).await
+            // Boxed, like the failure path below: a handler future is as large as its
+            // largest branch, and thousands of checkouts wait at once.
+            Box::pin(idempotent::checkout(app, scope, key, order, format)).await
         }
         None => {
             let operation_key = OperationKey::mint();
@@ -155,6 +149,21 @@ pub async fn checkout(
                 .into_response()
         }
     }
+}
+
+/// The order, the client's Idempotency-Key and the answer's format, or the 400.
+fn read_request(
+    headers: &HeaderMap,
+    query: Result<Query<CheckoutQuery>, QueryRejection>,
+    body: Result<Bytes, BytesRejection>,
+    max_amount: u64,
+) -> Result<(Order, Option<OperationKey>, Format), Problem> {
+    let body = body.map_err(|err| {
+        Problem::invalid("body", format!("cannot read the body: {}", err.body_text()))
+    })?;
+    let order = read_order(headers, query, &body, max_amount)?;
+    let client_key = idempotency_key(headers)?;
+    Ok((order, client_key, Format::from_accept(headers)))
 }
 
 /// Runs one checkout to its answer. Everything retried happens inside `assistant`.
@@ -167,7 +176,7 @@ pub(crate) async fn run(
     let ctx = CheckoutContext::new(order, operation_key);
     match app.assistant().checkout(ctx.clone()).await {
         Ok(outcome) => success(&ctx, outcome, format),
-        Err(err) => failure(app, &ctx, err).await.answer(),
+        Err(err) => Box::pin(failure(app, &ctx, err)).await.answer(),
     }
 }
 

@@ -43,6 +43,10 @@ pub struct ModelEndpoint {
     pub base_url: String,
     pub api_key: Option<Secret>,
     pub model: String,
+    /// Speak HTTP/2 without TLS (prior knowledge) to an `http://` base URL: many requests
+    /// share one connection instead of holding one each. Over `https://` the client offers
+    /// HTTP/2 by ALPN whatever this says.
+    pub h2c: bool,
 }
 
 /// One chat-completions request: the serialized body, cloned cheaply for each retry.
@@ -65,20 +69,23 @@ impl ModelClient {
     pub fn new(endpoint: &ModelEndpoint, retry: &RequestRetrySettings) -> Result<Self, BoxError> {
         // One TLS provider for the process: ring, which sqlx's rustls already brings.
         let _ = rustls::crypto::ring::default_provider().install_default();
-        let http = reqwest::Client::builder()
-            .tcp_nodelay(true)
-            .pool_idle_timeout(Duration::from_secs(90))
-            .build()?;
         // Parsed once: reqwest would otherwise parse (and IDNA-map) the URL on every send.
         let url = reqwest::Url::parse(&format!(
             "{}/chat/completions",
             endpoint.base_url.trim_end_matches('/')
         ))?;
-        let transport = Transport {
+        let mut http = reqwest::Client::builder()
+            .tcp_nodelay(true)
+            .pool_idle_timeout(Duration::from_secs(90));
+        if endpoint.h2c && url.scheme() == "http" {
+            http = http.http2_prior_knowledge();
+        }
+        let http = http.build()?;
+        let transport = Transport(Arc::new(Endpoint {
             http,
             url,
             api_key: endpoint.api_key.clone(),
-        };
+        }));
         let stack = ServiceBuilder::new()
             .retry(RequestRetry::new(retry))
             .timeout(retry.timeout)
@@ -101,10 +108,13 @@ impl ModelClient {
     ) -> Result<AssistantMessage, ModelError> {
         let body = serde_json::to_vec(request).expect("chat requests always serialize");
         let call = ModelCall {
-            body: Bytes::from(body),
+            // Copied to its exact size: the body is kept for the retries while the model
+            // thinks, and serializing leaves up to half of its buffer spare.
+            body: Bytes::copy_from_slice(&body),
             round,
             attempt: 1,
         };
+        drop(body);
         let response = self.stack.clone().oneshot(call).await.map_err(|err| {
             match err.downcast::<ModelError>() {
                 Ok(model_err) => *model_err,
@@ -126,7 +136,9 @@ impl ModelClient {
 
 /// The innermost service: one POST, one answer, no retries of its own.
 #[derive(Clone)]
-struct Transport {
+struct Transport(Arc<Endpoint>);
+
+struct Endpoint {
     http: reqwest::Client,
     url: reqwest::Url,
     api_key: Option<Secret>,
@@ -142,12 +154,12 @@ impl Service<ModelCall> for Transport {
     }
 
     fn call(&mut self, call: ModelCall) -> Self::Future {
-        let this = self.clone();
-        Box::pin(async move { this.send(call).await })
+        let endpoint = self.0.clone();
+        Box::pin(async move { endpoint.send(call).await })
     }
 }
 
-impl Transport {
+impl Endpoint {
     async fn send(&self, call: ModelCall) -> Result<ChatResponse, ModelError> {
         tracing::debug!(
             round = call.round,
@@ -273,6 +285,7 @@ mod tests {
             base_url: "http://x".into(),
             api_key: Some(Secret::new("sk-live-123")),
             model: "m".into(),
+            h2c: false,
         };
         assert!(!format!("{endpoint:?}").contains("sk-live-123"));
     }

@@ -23,7 +23,8 @@ use hyper::body::Incoming;
 use hyper::header::{AUTHORIZATION, CONTENT_TYPE, RETRY_AFTER};
 use hyper::service::service_fn;
 use hyper::{Method, Request, Response, StatusCode};
-use hyper_util::rt::TokioIo;
+use hyper_util::rt::{TokioExecutor, TokioIo};
+use hyper_util::server::conn::auto;
 use serde_json::json;
 use tokio::net::TcpListener;
 use tokio::task::JoinHandle;
@@ -213,6 +214,7 @@ pub struct Script {
 struct State {
     script: Mutex<Plan>,
     requests: AtomicU64,
+    http2_requests: AtomicU64,
     by_round: Mutex<Vec<u64>>,
     arrivals: Mutex<Vec<Instant>>,
 }
@@ -248,6 +250,7 @@ impl ScriptedModel {
                 api_key: script.api_key,
             }),
             requests: AtomicU64::new(0),
+            http2_requests: AtomicU64::new(0),
             by_round: Mutex::new(Vec::new()),
             arrivals: Mutex::new(Vec::new()),
         });
@@ -271,6 +274,11 @@ impl ScriptedModel {
     /// Chat-completions requests received so far, faulted ones included.
     pub fn requests(&self) -> u64 {
         self.state.requests.load(Ordering::SeqCst)
+    }
+
+    /// Chat-completions requests that came over HTTP/2.
+    pub fn requests_over_http2(&self) -> u64 {
+        self.state.http2_requests.load(Ordering::SeqCst)
     }
 
     /// Requests received so far for round `round` (1-based).
@@ -304,7 +312,11 @@ async fn accept_loop(listener: TcpListener, state: Arc<State>) {
         let state = state.clone();
         tokio::spawn(async move {
             let service = service_fn(move |request| handle(state.clone(), request));
-            let _ = hyper::server::conn::http1::Builder::new()
+            // HTTP/1.1, or HTTP/2 for a client that starts with its preface (h2c), with no
+            // cap on concurrent streams: the benchmark runs thousands on one connection.
+            let mut builder = auto::Builder::new(TokioExecutor::new());
+            builder.http2().max_concurrent_streams(None);
+            let _ = builder
                 .serve_connection(TokioIo::new(stream), service)
                 .await;
         });
@@ -352,6 +364,9 @@ async fn handle(state: Arc<State>, request: Request<Incoming>) -> Result<Answer,
 
 async fn completions(state: &State, request: Request<Incoming>) -> Result<Answer, CloseConnection> {
     let number = state.requests.fetch_add(1, Ordering::SeqCst) + 1;
+    if request.version() == hyper::Version::HTTP_2 {
+        state.http2_requests.fetch_add(1, Ordering::SeqCst);
+    }
     state.arrivals.lock().unwrap().push(Instant::now());
     let authorized = {
         let plan = state.script.lock().unwrap();

@@ -2,14 +2,21 @@
 //! Unknown fields in answers are ignored, so any compatible server (vLLM, Ollama,
 //! llama.cpp) can answer.
 
+use std::borrow::Cow;
+
 use serde::{Deserialize, Serialize};
 
 #[derive(Clone, Debug, Serialize, Deserialize)]
 pub struct ChatRequest {
     pub model: String,
     pub messages: Vec<Message>,
-    #[serde(default, skip_serializing_if = "Vec::is_empty")]
-    pub tools: Vec<ToolSpec>,
+    /// Borrowed from a static list when sending: every conversation offers the same tools.
+    #[serde(default, skip_serializing_if = "no_tools")]
+    pub tools: Cow<'static, [ToolSpec]>,
+}
+
+fn no_tools(tools: &[ToolSpec]) -> bool {
+    tools.is_empty()
 }
 
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]

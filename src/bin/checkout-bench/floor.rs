@@ -82,7 +82,7 @@ async fn chat_bodies(client: &reqwest::Client, url: &str) -> Result<(Bytes, Byte
     let mut chat = ChatRequest {
         model: "gpt-4o-mini".into(),
         messages: prompts::opening(&order),
-        tools: ToolBox::specs(),
+        tools: ToolBox::specs().into(),
     };
     let round1 = Bytes::from(serde_json::to_vec(&chat).map_err(|e| e.to_string())?);
     let answer = post(client, url, round1.clone()).await?;
