@@ -61,18 +61,19 @@ pub enum OpenError {
     Migrate(#[source] sqlx::migrate::MigrateError),
 }
 
-/// A database failure met while serving a request.
-#[derive(Debug, thiserror::Error)]
+/// A database failure met while serving a request. Cloneable: one failed SQLite group
+/// commit fails every charge in it.
+#[derive(Clone, Debug, thiserror::Error)]
 pub enum StoreError {
     /// No connection could be had: the statement was never sent. Worth a retry.
     #[error("cannot reach the database: {0}")]
-    Unreachable(#[source] sqlx::Error),
+    Unreachable(#[source] Arc<sqlx::Error>),
     /// The connection failed under the statement, or the database asked us to try again:
     /// the statement may or may not have taken effect. Worth a retry.
     #[error("database unavailable: {0}")]
-    Unavailable(#[source] sqlx::Error),
+    Unavailable(#[source] Arc<sqlx::Error>),
     #[error("database error: {0}")]
-    Other(#[source] sqlx::Error),
+    Other(#[source] Arc<sqlx::Error>),
     #[error("unexpected data in the database: {0}")]
     Corrupt(String),
 }
@@ -92,16 +93,16 @@ impl StoreError {
 
     /// For a failure to get a connection from the pool.
     pub fn unreachable(err: sqlx::Error) -> StoreError {
-        StoreError::Unreachable(err)
+        StoreError::Unreachable(Arc::new(err))
     }
 }
 
 impl From<sqlx::Error> for StoreError {
     fn from(err: sqlx::Error) -> Self {
         if is_transient(&err) {
-            StoreError::Unavailable(err)
+            StoreError::Unavailable(Arc::new(err))
         } else {
-            StoreError::Other(err)
+            StoreError::Other(Arc::new(err))
         }
     }
 }
@@ -161,7 +162,7 @@ impl Database {
                 Some(Arc::new(lock_exclusively(options.get_filename())?))
             };
             let sqlite = SqlitePoolOptions::new()
-                .max_connections(pool.max_connections.min(8))
+                .max_connections(1)
                 .acquire_timeout(pool.acquire_timeout)
                 .test_before_acquire(false)
                 .connect_with(options)

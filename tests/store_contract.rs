@@ -7,7 +7,7 @@ use std::sync::Arc;
 use checkout::db::{Database, PoolSettings};
 use checkout::payments::store::{PgReceipts, SqliteReceipts};
 use checkout::payments::{
-    ChargeOutcome, Currency, Money, OperationKey, Order, OrderId, ReceiptStore,
+    ChargeOutcome, Currency, Money, OperationKey, Order, OrderId, Receipt, ReceiptStore,
 };
 use common::{Backend, TestDb};
 
@@ -131,6 +131,58 @@ async fn contract<S: ReceiptStore + 'static>(store: Arc<S>, db: &TestDb) {
     }
     assert_eq!((created, existing, ids.len()), (1, 49, 1));
     assert_eq!(db.receipts("C-RACE").await, 1);
+
+    // A hundred orders, each charged twice at once, once for 1.00 and once for 2.00 (on
+    // SQLite these land in the same group commits): per order one Created, and the other
+    // charge an AmountConflict carrying that receipt.
+    let mut tasks = tokio::task::JoinSet::new();
+    for i in 0..100 {
+        for amount in ["1.00", "2.00"] {
+            let store = store.clone();
+            let o = order(&format!("C-PAIR-{i}"), amount, "USD");
+            tasks.spawn(async move {
+                let outcome = store
+                    .charge(&o.charge_key(), o.amount(), &OperationKey::mint())
+                    .await
+                    .unwrap();
+                (o.id().clone(), outcome)
+            });
+        }
+    }
+    let mut by_order: std::collections::HashMap<OrderId, Vec<ChargeOutcome>> =
+        std::collections::HashMap::new();
+    while let Some(result) = tasks.join_next().await {
+        let (id, outcome) = result.unwrap();
+        by_order.entry(id).or_default().push(outcome);
+    }
+    assert_eq!(by_order.len(), 100);
+    for (id, outcomes) in by_order {
+        let created: Vec<&Receipt> = outcomes
+            .iter()
+            .filter_map(|o| match o {
+                ChargeOutcome::Created(r) => Some(r),
+                _ => None,
+            })
+            .collect();
+        assert_eq!(created.len(), 1, "{id}: {outcomes:?}");
+        let conflict = outcomes
+            .iter()
+            .find(|o| matches!(o, ChargeOutcome::AmountConflict(_)));
+        assert_eq!(
+            conflict,
+            Some(&ChargeOutcome::AmountConflict(created[0].clone())),
+            "{id}: {outcomes:?}"
+        );
+        assert_eq!(store.receipt(&id).await.unwrap().as_ref(), Some(created[0]));
+    }
+    assert_eq!(
+        db.count(
+            "SELECT count(*) FROM receipts WHERE order_id LIKE 'C-PAIR-%'",
+            None
+        )
+        .await,
+        100
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -1,6 +1,9 @@
+use std::collections::HashMap;
+
 use chrono::{DateTime, SecondsFormat, Utc};
-use sqlx::Row;
-use sqlx::sqlite::{SqlitePool, SqliteRow};
+use sqlx::sqlite::{Sqlite, SqlitePool, SqliteRow};
+use sqlx::{QueryBuilder, Row};
+use tokio::sync::{mpsc, oneshot};
 use uuid::Uuid;
 
 use super::{NewReceipt, Receipt, ReceiptStore, receipt_from_columns, settle};
@@ -11,21 +14,48 @@ use crate::payments::store::ChargeOutcome;
 
 /// Receipts in SQLite. Ids and times are stored as text (hyphenated UUID, RFC 3339 UTC
 /// with microseconds), so that an operator's `sqlite3 checkout.db` shows what Postgres shows.
+///
+/// Charges are committed in groups by one writer task. A commit waits for the disk
+/// (`synchronous=FULL`: an fsync), and SQLite commits one transaction at a time, so
+/// commit by commit a burst of charges queues behind the disk. The writer takes every
+/// charge that arrived while the last commit ran and inserts them as one multi-row
+/// `INSERT … ON CONFLICT DO NOTHING RETURNING`: one fsync for the group. A lone charge is
+/// written at once, and no caller hears of its charge before it is on disk.
 #[derive(Clone, Debug)]
 pub struct SqliteReceipts {
     pool: SqlitePool,
+    writer: mpsc::Sender<Insert>,
 }
 
+/// A charge for the writer: its row, and who waits for the commit.
+#[derive(Debug)]
+struct Insert {
+    id: Uuid,
+    order_id: String,
+    amount_minor: i64,
+    currency: &'static str,
+    operation_key: String,
+    created_at: String,
+    /// The receipt when this row was inserted; `None` when the order was charged before.
+    done: oneshot::Sender<Result<Option<Receipt>, StoreError>>,
+}
+
+/// The most charges in one statement (SQLite takes up to 32,766 values; a row has six).
+const MAX_GROUP: usize = 512;
+
 impl SqliteReceipts {
+    /// Starts the writer task; it ends when the last clone of this store is dropped.
     pub fn new(pool: SqlitePool) -> Self {
-        SqliteReceipts { pool }
+        let (writer, inserts) = mpsc::channel(MAX_GROUP);
+        tokio::spawn(write_groups(pool.clone(), inserts));
+        SqliteReceipts { pool, writer }
     }
 }
 
-const INSERT: &str = "\
-    INSERT INTO receipts (id, order_id, amount_minor, currency, operation_key, created_at) \
-    VALUES (?1, ?2, ?3, ?4, ?5, ?6) \
-    ON CONFLICT (order_id) DO NOTHING \
+const INSERT: &str =
+    "INSERT INTO receipts (id, order_id, amount_minor, currency, operation_key, created_at) ";
+
+const ON_CONFLICT: &str = " ON CONFLICT (order_id) DO NOTHING \
     RETURNING id, order_id, amount_minor, currency, operation_key, created_at";
 
 const SELECT: &str = "\
@@ -40,19 +70,24 @@ impl ReceiptStore for SqliteReceipts {
         operation: &OperationKey,
     ) -> Result<ChargeOutcome, StoreError> {
         let new = NewReceipt::now();
-        // Taken apart from the statement so that a failure here is known not to charge.
-        let mut conn = self.pool.acquire().await.map_err(StoreError::unreachable)?;
-        let inserted = sqlx::query(INSERT)
-            .bind(new.id.to_string())
-            .bind(key.order_id().as_str())
-            .bind(amount.minor())
-            .bind(amount.currency().code())
-            .bind(operation.as_str())
-            .bind(new.created_at.to_rfc3339_opts(SecondsFormat::Micros, true))
-            .fetch_optional(&mut *conn)
-            .await?;
-        drop(conn);
-        let inserted = inserted.as_ref().map(from_row).transpose()?;
+        let (done, committed) = oneshot::channel();
+        let insert = Insert {
+            id: new.id,
+            order_id: key.order_id().as_str().to_owned(),
+            amount_minor: amount.minor(),
+            currency: amount.currency().code(),
+            operation_key: operation.as_str().to_owned(),
+            created_at: new.created_at.to_rfc3339_opts(SecondsFormat::Micros, true),
+            done,
+        };
+        // Not queued: known not to charge. Queued but unanswered: it may have been written.
+        self.writer
+            .send(insert)
+            .await
+            .map_err(|_| StoreError::unreachable(sqlx::Error::PoolClosed))?;
+        let inserted = committed
+            .await
+            .map_err(|_| StoreError::from(sqlx::Error::WorkerCrashed))??;
         settle(inserted, key, amount, self.receipt(key.order_id())).await
     }
 
@@ -63,6 +98,46 @@ impl ReceiptStore for SqliteReceipts {
             .await?;
         row.as_ref().map(from_row).transpose()
     }
+}
+
+/// The writer: one statement, one commit, for every charge waiting.
+async fn write_groups(pool: SqlitePool, mut inserts: mpsc::Receiver<Insert>) {
+    let mut group = Vec::with_capacity(MAX_GROUP);
+    while inserts.recv_many(&mut group, MAX_GROUP).await > 0 {
+        let mut written = insert_group(&pool, &group).await;
+        for insert in group.drain(..) {
+            let outcome = match &mut written {
+                Ok(receipts) => Ok(receipts.remove(&insert.id)),
+                Err(err) => Err(err.clone()),
+            };
+            // The caller may have gone (a timeout); its charge stands all the same.
+            let _ = insert.done.send(outcome);
+        }
+    }
+}
+
+/// Inserts the group; returns the receipts it made, by id. Rows whose order was already
+/// charged (before, or by an earlier row of the same group) are not among them.
+async fn insert_group(
+    pool: &SqlitePool,
+    group: &[Insert],
+) -> Result<HashMap<Uuid, Receipt>, StoreError> {
+    // Taken apart from the statement so that a failure here is known not to charge.
+    let mut conn = pool.acquire().await.map_err(StoreError::unreachable)?;
+    let mut statement = QueryBuilder::<Sqlite>::new(INSERT);
+    statement.push_values(group, |mut row, insert| {
+        row.push_bind(insert.id.to_string())
+            .push_bind(insert.order_id.clone())
+            .push_bind(insert.amount_minor)
+            .push_bind(insert.currency)
+            .push_bind(insert.operation_key.clone())
+            .push_bind(insert.created_at.clone());
+    });
+    statement.push(ON_CONFLICT);
+    let rows = statement.build().fetch_all(&mut *conn).await?;
+    rows.iter()
+        .map(|row| from_row(row).map(|receipt| (receipt.id, receipt)))
+        .collect()
 }
 
 fn from_row(row: &SqliteRow) -> Result<Receipt, StoreError> {
