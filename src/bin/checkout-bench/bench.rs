@@ -40,7 +40,11 @@ struct Plan {
     model_delay_ms: u64,
     loops_ramp_ms: u64,
     loops_window_ms: u64,
-    /// The load generator speaks HTTP/2 (prior knowledge) to the service in figure 2.
+    /// Figure 2 over HTTP/2: the load generator to the service (100 streams a
+    /// connection, as a load balancer's pool), and the service to the model (h2c, one
+    /// connection, as to an https provider, which ALPN puts on HTTP/2). `--http1` puts
+    /// both on HTTP/1.1: a connection per checkout on each side, 2 descriptors a
+    /// checkout in flight, which 10,000 in flight cannot have under a 20,000 limit.
     loops_http2: bool,
     retry_runs: usize,
     retry_requests: u64,
@@ -61,16 +65,16 @@ impl Plan {
                 quick,
                 cpu_runs: 3,
                 cpu_concurrency: 64,
-                cpu_warmup_ms: 200,
-                cpu_duration_ms: 600,
+                cpu_warmup_ms: 150,
+                cpu_duration_ms: 500,
                 loops_runs: 1,
                 loops_concurrency: 10_000,
                 model_delay_ms: 2000,
-                loops_ramp_ms: 2000,
+                loops_ramp_ms: 4000,
                 loops_window_ms: 2000,
-                loops_http2: false,
-                retry_runs: 3,
-                retry_requests: 300,
+                loops_http2: true,
+                retry_runs: 2,
+                retry_requests: 200,
                 retry_concurrency: 64,
                 startup_runs: 3,
                 sweep_instant: vec![1, 16, 64],
@@ -91,7 +95,7 @@ impl Plan {
                 model_delay_ms: 2000,
                 loops_ramp_ms: 4000,
                 loops_window_ms: 8000,
-                loops_http2: false,
+                loops_http2: true,
                 retry_runs: 3,
                 retry_requests: 2000,
                 retry_concurrency: 64,
@@ -108,6 +112,13 @@ impl Plan {
     /// The model time of one checkout: two rounds.
     fn model_time_ms(&self) -> f64 {
         2.0 * self.model_delay_ms as f64
+    }
+
+    /// When throughput and latency start to count: the workers start evenly over a ramp
+    /// as long as one checkout, so once the ramp is over and the first checkouts are
+    /// done, checkouts end at an even rate.
+    fn loops_window_start(&self, model_ms: f64) -> u64 {
+        self.loops_ramp_ms.max(model_ms as u64) + 500
     }
 }
 
@@ -136,7 +147,7 @@ struct Bench {
 
 const USAGE: &str = "\
 usage: checkout-bench [--quick] [--only cpu,loops,retry,startup,sweep] [--db sqlite,postgres]
-                      [--runs N] [--concurrency N] [--http2] [--out DIR] [--service-bin PATH]
+                      [--runs N] [--concurrency N] [--http1] [--out DIR] [--service-bin PATH]
                       [--no-build] [--postgres postgres://postgres@127.0.0.1:5432]
                       [--service-env NAME=VALUE]...
        checkout-bench load --url URL (--duration-ms N | --requests N) [--concurrency N] ...
@@ -175,7 +186,7 @@ pub fn main(args: &mut Args) -> Result<(), String> {
     if let Some(c) = args.number::<usize>("--concurrency")? {
         plan.loops_concurrency = c;
     }
-    plan.loops_http2 = args.flag("--http2");
+    plan.loops_http2 = !args.flag("--http1");
     for pair in args.values("--service-env")? {
         let (name, value) = pair
             .split_once('=')
@@ -643,6 +654,10 @@ impl Bench {
         let model_ms = plan.model_time_ms();
         let mut m: BTreeMap<&str, Vec<f64>> = BTreeMap::new();
         let mut runs = Vec::new();
+        let mut service_env = plan.service_env.clone();
+        if plan.loops_http2 {
+            service_env.push(("CHECKOUT_MODEL_H2C".into(), "true".into()));
+        }
         for run in 1..=plan.loops_runs {
             let model = child::model(&self.env, "model-slow", plan.model_delay_ms, "")?;
             let svc = child::service(
@@ -650,13 +665,13 @@ impl Bench {
                 &format!("service-loops-{}", db.name),
                 &db.service_url,
                 &model.url,
-                &self.plan.service_env,
+                &service_env,
             )?;
             let idle_rss = procfs::status_kb(svc.pid(), "VmRSS").unwrap_or(0);
             let sampler = Sampler::start(svc.pid(), db);
             let mut load = LoadArgs::new(&svc.url, c, &format!("l{run}"));
             load.ramp_ms = plan.loops_ramp_ms;
-            load.window_start_ms = plan.loops_ramp_ms + model_ms as u64 + 500;
+            load.window_start_ms = plan.loops_window_start(model_ms);
             load.duration_ms = Some(load.window_start_ms + plan.loops_window_ms);
             load.http2 = plan.loops_http2;
             let requests_before = model_requests(&model)?;
@@ -715,7 +730,17 @@ impl Bench {
         }
         let d = db.name;
         let mut take = |k: &str| m.remove(k).unwrap_or_default();
-        let name = |s: &str| format!("{s} ({c} concurrent, 2x{} ms model)", plan.model_delay_ms);
+        let protocol = if plan.loops_http2 {
+            "HTTP/2"
+        } else {
+            "HTTP/1.1"
+        };
+        let name = |s: &str| {
+            format!(
+                "{s} ({c} concurrent, 2x{} ms model, {protocol})",
+                plan.model_delay_ms
+            )
+        };
         self.metrics.extend([
             Metric::new(2, &name("success"), d, "%", take("success"))
                 .target_every_run(Target::AtLeast(100.0)),
@@ -1007,7 +1032,7 @@ impl Bench {
             for &c in &plan.sweep_slow {
                 let mut load = LoadArgs::new(&svc.url, c, &format!("ss{c}"));
                 load.ramp_ms = plan.loops_ramp_ms;
-                load.window_start_ms = plan.loops_ramp_ms + model_ms as u64 + 500;
+                load.window_start_ms = plan.loops_window_start(model_ms);
                 load.duration_ms = Some(load.window_start_ms + plan.sweep_slow_window_ms);
                 let r = child::load(&self.env, "load-sweep", &load)?;
                 let (p50, p99) = (

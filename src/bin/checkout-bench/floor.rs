@@ -250,13 +250,15 @@ const SQLITE_INSERT: &str = "\
     RETURNING id, order_id, amount_minor, currency, operation_key, created_at";
 
 /// `floor-sql --database URL --prefix P`: the bare charge statement, a fresh order each
-/// time, through a pool sized and configured as the service's.
+/// time, through a pool sized and configured as the service's. One statement, one
+/// commit: on SQLite the service does better than this, grouping the charges that
+/// arrive together into one commit (src/payments/store/sqlite.rs).
 pub fn sql_main(args: &mut Args) -> Result<(), String> {
     let url = args
         .value("--database")?
         .ok_or("floor-sql: --database is required")?;
     let prefix = args.value("--prefix")?.unwrap_or_else(|| "floor".into());
-    let pool_size: u32 = args.number("--pool")?.unwrap_or(16);
+    let pool_size: Option<u32> = args.number("--pool")?;
     let span = Span::parse(args)?;
     args.done()?;
     let runtime = tokio::runtime::Runtime::new().map_err(|e| e.to_string())?;
@@ -264,7 +266,7 @@ pub fn sql_main(args: &mut Args) -> Result<(), String> {
         let acquire = Duration::from_secs(2);
         if url.starts_with("postgres") {
             let pool = PgPoolOptions::new()
-                .max_connections(pool_size)
+                .max_connections(pool_size.unwrap_or(16))
                 .acquire_timeout(acquire)
                 .test_before_acquire(false)
                 .connect(&url)
@@ -299,7 +301,7 @@ pub fn sql_main(args: &mut Args) -> Result<(), String> {
                 .busy_timeout(acquire)
                 .foreign_keys(true);
             let pool = SqlitePoolOptions::new()
-                .max_connections(pool_size.min(8))
+                .max_connections(pool_size.unwrap_or(1))
                 .acquire_timeout(acquire)
                 .test_before_acquire(false)
                 .connect_with(options)

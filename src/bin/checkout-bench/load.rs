@@ -14,6 +14,9 @@ use serde::{Deserialize, Serialize};
 use crate::args::Args;
 use crate::procfs;
 
+/// HTTP/2 streams the load generator opens on one connection (hyper's server allows 200).
+const STREAMS_PER_CONNECTION: usize = 100;
+
 #[derive(Clone, Debug)]
 pub struct LoadArgs {
     /// `http://ADDR` of the service (or of a floor server).
@@ -188,16 +191,30 @@ async fn run(load: LoadArgs) -> Result<LoadReport, String> {
     let ticks = procfs::clock_ticks();
     let cpu_before = procfs::cpu_time("self", ticks).map_err(|e| e.to_string())?;
     crate::floor::install_tls_provider();
-    let mut builder = reqwest::Client::builder()
-        .no_proxy()
-        .tcp_nodelay(true)
-        .pool_max_idle_per_host(usize::MAX)
-        .pool_idle_timeout(Duration::from_secs(300))
-        .timeout(Duration::from_millis(load.timeout_ms));
-    if load.http2 {
-        builder = builder.http2_prior_knowledge();
-    }
-    let client = builder.build().map_err(|e| e.to_string())?;
+    // HTTP/1.1: one connection per worker. HTTP/2: a client (a connection) per
+    // STREAMS_PER_CONNECTION workers, under the server's limit of concurrent streams, as
+    // a load balancer's upstream pool would spread them.
+    let clients = if load.http2 {
+        load.concurrency.div_ceil(STREAMS_PER_CONNECTION).max(1)
+    } else {
+        1
+    };
+    let clients = (0..clients)
+        .map(|_| {
+            let builder = reqwest::Client::builder()
+                .no_proxy()
+                .tcp_nodelay(true)
+                .pool_max_idle_per_host(usize::MAX)
+                .pool_idle_timeout(Duration::from_secs(300))
+                .timeout(Duration::from_millis(load.timeout_ms));
+            if load.http2 {
+                builder.http2_prior_knowledge().build()
+            } else {
+                builder.build()
+            }
+        })
+        .collect::<Result<Vec<_>, _>>()
+        .map_err(|e| e.to_string())?;
     let load = Arc::new(load);
     let shared = Arc::new(Shared {
         next: AtomicU64::new(0),
@@ -214,7 +231,7 @@ async fn run(load: LoadArgs) -> Result<LoadReport, String> {
             worker,
             start + delay,
             start,
-            client.clone(),
+            clients[worker % clients.len()].clone(),
             load.clone(),
             shared.clone(),
         )));
