@@ -203,6 +203,54 @@ async fn sqlite_keeps_the_contract() {
     contract(Arc::new(SqliteReceipts::new(sqlite.pool())), &db).await;
 }
 
+/// Two instances on one Postgres, each writing groups of charges for the same orders,
+/// listed in opposite orders: every group is inserted in order-id order, so the two wait
+/// for each other in one order and never deadlock (a deadlock would fail a group with
+/// 40P01 after a second). Each order ends with one receipt, made by one of the two.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn two_writers_on_one_postgres_never_deadlock() {
+    let db = TestDb::new(Backend::Postgres).await;
+    let (Database::Postgres(a), Database::Postgres(b)) = (open(&db).await, open(&db).await) else {
+        unreachable!()
+    };
+    let stores = [Arc::new(PgReceipts::new(a)), Arc::new(PgReceipts::new(b))];
+    for round in 0..20 {
+        let ids: Vec<String> = (0..10).map(|i| format!("D-{round}-{i}")).collect();
+        let mut tasks = tokio::task::JoinSet::new();
+        for (n, store) in stores.iter().enumerate() {
+            let mut mine = ids.clone();
+            if n == 1 {
+                mine.reverse();
+            }
+            for id in mine {
+                let (store, o) = (store.clone(), order(&id, "5.00", "USD"));
+                tasks.spawn(async move {
+                    store
+                        .charge(&o.charge_key(), o.amount(), &OperationKey::mint())
+                        .await
+                });
+            }
+        }
+        let mut created = 0;
+        while let Some(outcome) = tasks.join_next().await {
+            match outcome.unwrap() {
+                Ok(ChargeOutcome::Created(_)) => created += 1,
+                Ok(ChargeOutcome::Existing(_)) => {}
+                other => panic!("round {round}: {other:?}"),
+            }
+        }
+        assert_eq!(created, 10, "round {round}: one receipt per order");
+    }
+    assert_eq!(
+        db.count(
+            "SELECT count(*) FROM receipts WHERE order_id LIKE 'D-%'",
+            None
+        )
+        .await,
+        200
+    );
+}
+
 #[tokio::test]
 async fn a_sqlite_file_serves_one_process_only() {
     let db = TestDb::new(Backend::Sqlite).await;

@@ -1,15 +1,17 @@
 //! Receipts: one row per charged order, in Postgres or in SQLite.
 //!
-//! The unique `order_id` column is the charge key. A charge is an
-//! `INSERT … ON CONFLICT DO NOTHING RETURNING`, then a read of the winner when the
-//! insert lost: the database, not Rust code, decides which of two racing charges counts.
+//! The unique `order_id` column is the charge key. A charge is a row of an
+//! `INSERT … ON CONFLICT DO NOTHING RETURNING` (written with the charges that arrive with
+//! it: [`group`]), then a read of the winner when the insert lost: the database, not Rust
+//! code, decides which of two racing charges counts.
 
+mod group;
 mod postgres;
 mod sqlite;
 
 use std::future::Future;
 
-use chrono::{DateTime, SubsecRound, Utc};
+use chrono::{DateTime, Utc};
 use uuid::Uuid;
 
 pub use postgres::PgReceipts;
@@ -91,22 +93,6 @@ impl ReceiptStore for Receipts {
         match self {
             Receipts::Postgres(s) => s.receipt(order).await,
             Receipts::Sqlite(s) => s.receipt(order).await,
-        }
-    }
-}
-
-/// A receipt about to be inserted: its id and time are chosen here, once, so that both
-/// databases store the same values (microseconds, as Postgres keeps them).
-struct NewReceipt {
-    id: Uuid,
-    created_at: DateTime<Utc>,
-}
-
-impl NewReceipt {
-    fn now() -> NewReceipt {
-        NewReceipt {
-            id: Uuid::now_v7(),
-            created_at: Utc::now().trunc_subsecs(6),
         }
     }
 }

@@ -1,9 +1,12 @@
+use std::collections::HashMap;
+
 use chrono::{DateTime, Utc};
-use sqlx::Row;
+use sqlx::Row as _;
 use sqlx::postgres::{PgPool, PgRow};
 use uuid::Uuid;
 
-use super::{NewReceipt, Receipt, ReceiptStore, receipt_from_columns, settle};
+use super::group::{GroupWriter, InsertGroup, Row};
+use super::{Receipt, ReceiptStore, receipt_from_columns, settle};
 use crate::db::StoreError;
 use crate::payments::keys::{ChargeKey, OperationKey, OrderId};
 use crate::payments::money::Money;
@@ -12,17 +15,23 @@ use crate::payments::store::ChargeOutcome;
 #[derive(Clone, Debug)]
 pub struct PgReceipts {
     pool: PgPool,
+    writer: GroupWriter,
 }
 
 impl PgReceipts {
+    /// Starts the store's writer task; it ends when the last clone of the store is dropped.
     pub fn new(pool: PgPool) -> Self {
-        PgReceipts { pool }
+        PgReceipts {
+            writer: GroupWriter::start(PgGroups { pool: pool.clone() }),
+            pool,
+        }
     }
 }
 
+/// One statement for a group of any size, so that it is prepared once per connection.
 const INSERT: &str = "\
     INSERT INTO receipts (id, order_id, amount_minor, currency, operation_key, created_at) \
-    VALUES ($1, $2, $3, $4, $5, $6) \
+    SELECT * FROM UNNEST($1::uuid[], $2::text[], $3::int8[], $4::text[], $5::text[], $6::timestamptz[]) \
     ON CONFLICT (order_id) DO NOTHING \
     RETURNING id, order_id, amount_minor, currency, operation_key, created_at";
 
@@ -37,20 +46,7 @@ impl ReceiptStore for PgReceipts {
         amount: Money,
         operation: &OperationKey,
     ) -> Result<ChargeOutcome, StoreError> {
-        let new = NewReceipt::now();
-        // Taken apart from the statement so that a failure here is known not to charge.
-        let mut conn = self.pool.acquire().await.map_err(StoreError::unreachable)?;
-        let inserted = sqlx::query(INSERT)
-            .bind(new.id)
-            .bind(key.order_id().as_str())
-            .bind(amount.minor())
-            .bind(amount.currency().code())
-            .bind(operation.as_str())
-            .bind(new.created_at)
-            .fetch_optional(&mut *conn)
-            .await?;
-        drop(conn);
-        let inserted = inserted.as_ref().map(from_row).transpose()?;
+        let inserted = self.writer.insert(key, amount, operation).await?;
         settle(inserted, key, amount, self.receipt(key.order_id())).await
     }
 
@@ -60,6 +56,38 @@ impl ReceiptStore for PgReceipts {
             .fetch_optional(&self.pool)
             .await?;
         row.as_ref().map(from_row).transpose()
+    }
+}
+
+struct PgGroups {
+    pool: PgPool,
+}
+
+impl InsertGroup for PgGroups {
+    async fn insert(&self, rows: &[Row]) -> Result<HashMap<Uuid, Receipt>, StoreError> {
+        // Taken apart from the statement so that a failure here is known not to charge.
+        let mut conn = self.pool.acquire().await.map_err(StoreError::unreachable)?;
+        let inserted = sqlx::query(INSERT)
+            .bind(rows.iter().map(|r| r.id).collect::<Vec<_>>())
+            .bind(rows.iter().map(|r| r.order_id.as_str()).collect::<Vec<_>>())
+            .bind(rows.iter().map(|r| r.amount.minor()).collect::<Vec<_>>())
+            .bind(
+                rows.iter()
+                    .map(|r| r.amount.currency().code())
+                    .collect::<Vec<_>>(),
+            )
+            .bind(
+                rows.iter()
+                    .map(|r| r.operation_key.as_str())
+                    .collect::<Vec<_>>(),
+            )
+            .bind(rows.iter().map(|r| r.created_at).collect::<Vec<_>>())
+            .fetch_all(&mut *conn)
+            .await?;
+        inserted
+            .iter()
+            .map(|row| from_row(row).map(|receipt| (receipt.id, receipt)))
+            .collect()
     }
 }
 

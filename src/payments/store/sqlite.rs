@@ -2,11 +2,11 @@ use std::collections::HashMap;
 
 use chrono::{DateTime, SecondsFormat, Utc};
 use sqlx::sqlite::{Sqlite, SqlitePool, SqliteRow};
-use sqlx::{QueryBuilder, Row};
-use tokio::sync::{mpsc, oneshot};
+use sqlx::{QueryBuilder, Row as _};
 use uuid::Uuid;
 
-use super::{NewReceipt, Receipt, ReceiptStore, receipt_from_columns, settle};
+use super::group::{GroupWriter, InsertGroup, Row};
+use super::{Receipt, ReceiptStore, receipt_from_columns, settle};
 use crate::db::StoreError;
 use crate::payments::keys::{ChargeKey, OperationKey, OrderId};
 use crate::payments::money::Money;
@@ -14,41 +14,19 @@ use crate::payments::store::ChargeOutcome;
 
 /// Receipts in SQLite. Ids and times are stored as text (hyphenated UUID, RFC 3339 UTC
 /// with microseconds), so that an operator's `sqlite3 checkout.db` shows what Postgres shows.
-///
-/// Charges are committed in groups by one writer task. A commit waits for the disk
-/// (`synchronous=FULL`: an fsync), and SQLite commits one transaction at a time, so
-/// commit by commit a burst of charges queues behind the disk. The writer takes every
-/// charge that arrived while the last commit ran and inserts them as one multi-row
-/// `INSERT … ON CONFLICT DO NOTHING RETURNING`: one fsync for the group. A lone charge is
-/// written at once, and no caller hears of its charge before it is on disk.
 #[derive(Clone, Debug)]
 pub struct SqliteReceipts {
     pool: SqlitePool,
-    writer: mpsc::Sender<Insert>,
+    writer: GroupWriter,
 }
-
-/// A charge for the writer: its row, and who waits for the commit.
-#[derive(Debug)]
-struct Insert {
-    id: Uuid,
-    order_id: String,
-    amount_minor: i64,
-    currency: &'static str,
-    operation_key: String,
-    created_at: String,
-    /// The receipt when this row was inserted; `None` when the order was charged before.
-    done: oneshot::Sender<Result<Option<Receipt>, StoreError>>,
-}
-
-/// The most charges in one statement (SQLite takes up to 32,766 values; a row has six).
-const MAX_GROUP: usize = 512;
 
 impl SqliteReceipts {
-    /// Starts the writer task; it ends when the last clone of this store is dropped.
+    /// Starts the store's writer task; it ends when the last clone of the store is dropped.
     pub fn new(pool: SqlitePool) -> Self {
-        let (writer, inserts) = mpsc::channel(MAX_GROUP);
-        tokio::spawn(write_groups(pool.clone(), inserts));
-        SqliteReceipts { pool, writer }
+        SqliteReceipts {
+            writer: GroupWriter::start(SqliteGroups { pool: pool.clone() }),
+            pool,
+        }
     }
 }
 
@@ -69,25 +47,7 @@ impl ReceiptStore for SqliteReceipts {
         amount: Money,
         operation: &OperationKey,
     ) -> Result<ChargeOutcome, StoreError> {
-        let new = NewReceipt::now();
-        let (done, committed) = oneshot::channel();
-        let insert = Insert {
-            id: new.id,
-            order_id: key.order_id().as_str().to_owned(),
-            amount_minor: amount.minor(),
-            currency: amount.currency().code(),
-            operation_key: operation.as_str().to_owned(),
-            created_at: new.created_at.to_rfc3339_opts(SecondsFormat::Micros, true),
-            done,
-        };
-        // Not queued: known not to charge. Queued but unanswered: it may have been written.
-        self.writer
-            .send(insert)
-            .await
-            .map_err(|_| StoreError::unreachable(sqlx::Error::PoolClosed))?;
-        let inserted = committed
-            .await
-            .map_err(|_| StoreError::from(sqlx::Error::WorkerCrashed))??;
+        let inserted = self.writer.insert(key, amount, operation).await?;
         settle(inserted, key, amount, self.receipt(key.order_id())).await
     }
 
@@ -100,44 +60,32 @@ impl ReceiptStore for SqliteReceipts {
     }
 }
 
-/// The writer: one statement, one commit, for every charge waiting.
-async fn write_groups(pool: SqlitePool, mut inserts: mpsc::Receiver<Insert>) {
-    let mut group = Vec::with_capacity(MAX_GROUP);
-    while inserts.recv_many(&mut group, MAX_GROUP).await > 0 {
-        let mut written = insert_group(&pool, &group).await;
-        for insert in group.drain(..) {
-            let outcome = match &mut written {
-                Ok(receipts) => Ok(receipts.remove(&insert.id)),
-                Err(err) => Err(err.clone()),
-            };
-            // The caller may have gone (a timeout); its charge stands all the same.
-            let _ = insert.done.send(outcome);
-        }
-    }
+struct SqliteGroups {
+    pool: SqlitePool,
 }
 
-/// Inserts the group; returns the receipts it made, by id. Rows whose order was already
-/// charged (before, or by an earlier row of the same group) are not among them.
-async fn insert_group(
-    pool: &SqlitePool,
-    group: &[Insert],
-) -> Result<HashMap<Uuid, Receipt>, StoreError> {
-    // Taken apart from the statement so that a failure here is known not to charge.
-    let mut conn = pool.acquire().await.map_err(StoreError::unreachable)?;
-    let mut statement = QueryBuilder::<Sqlite>::new(INSERT);
-    statement.push_values(group, |mut row, insert| {
-        row.push_bind(insert.id.to_string())
-            .push_bind(insert.order_id.clone())
-            .push_bind(insert.amount_minor)
-            .push_bind(insert.currency)
-            .push_bind(insert.operation_key.clone())
-            .push_bind(insert.created_at.clone());
-    });
-    statement.push(ON_CONFLICT);
-    let rows = statement.build().fetch_all(&mut *conn).await?;
-    rows.iter()
-        .map(|row| from_row(row).map(|receipt| (receipt.id, receipt)))
-        .collect()
+impl InsertGroup for SqliteGroups {
+    /// A multi-row `VALUES`: SQLite prepares a statement in microseconds, in process.
+    async fn insert(&self, rows: &[Row]) -> Result<HashMap<Uuid, Receipt>, StoreError> {
+        // Taken apart from the statement so that a failure here is known not to charge.
+        let mut conn = self.pool.acquire().await.map_err(StoreError::unreachable)?;
+        let mut statement = QueryBuilder::<Sqlite>::new(INSERT);
+        statement.push_values(rows, |mut values, row| {
+            values
+                .push_bind(row.id.to_string())
+                .push_bind(row.order_id.clone())
+                .push_bind(row.amount.minor())
+                .push_bind(row.amount.currency().code())
+                .push_bind(row.operation_key.clone())
+                .push_bind(row.created_at.to_rfc3339_opts(SecondsFormat::Micros, true));
+        });
+        statement.push(ON_CONFLICT);
+        let inserted = statement.build().fetch_all(&mut *conn).await?;
+        inserted
+            .iter()
+            .map(|row| from_row(row).map(|receipt| (receipt.id, receipt)))
+            .collect()
+    }
 }
 
 fn from_row(row: &SqliteRow) -> Result<Receipt, StoreError> {

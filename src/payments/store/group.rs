@@ -1,0 +1,118 @@
+//! Group commit: the charges that arrive together are written by one statement, in one
+//! commit.
+//!
+//! Each charge is a row of an `INSERT … ON CONFLICT (order_id) DO NOTHING RETURNING`.
+//! Written one by one, every charge is also a commit of its own, and a commit waits for
+//! the disk. One writer task per store takes every charge queued while the last group
+//! was being written and inserts them together: one statement, one round trip, one
+//! commit for the group. A lone charge is written at once, and no caller hears of its
+//! charge before the commit. The database still settles every race: a row whose order
+//! is charged already (before, by another instance, or by an earlier row of the same
+//! group) is skipped, and its caller reads the winner.
+
+use std::collections::HashMap;
+use std::future::Future;
+
+use chrono::{DateTime, SubsecRound, Utc};
+use tokio::sync::{mpsc, oneshot};
+use uuid::Uuid;
+
+use super::Receipt;
+use crate::db::StoreError;
+use crate::payments::keys::{ChargeKey, OperationKey};
+use crate::payments::money::Money;
+
+/// A receipt row about to be inserted: its id and time are chosen here, once, so that
+/// both databases store the same values (microseconds, as Postgres keeps them).
+#[derive(Debug)]
+pub struct Row {
+    pub id: Uuid,
+    pub order_id: String,
+    pub amount: Money,
+    pub operation_key: String,
+    pub created_at: DateTime<Utc>,
+}
+
+/// How a database inserts a group of rows.
+pub trait InsertGroup: Send + Sync + 'static {
+    /// Inserts `rows` in one statement and commit; returns the receipts it made, by id.
+    /// Rows whose order was already charged are not among them.
+    fn insert(
+        &self,
+        rows: &[Row],
+    ) -> impl Future<Output = Result<HashMap<Uuid, Receipt>, StoreError>> + Send;
+}
+
+/// The most charges in one statement (SQLite takes up to 32,766 values; a row has six).
+const MAX_GROUP: usize = 512;
+
+struct Pending {
+    row: Row,
+    /// The receipt when this row was inserted; `None` when its order was charged before.
+    done: oneshot::Sender<Result<Option<Receipt>, StoreError>>,
+}
+
+/// The queue in front of a store's writer task; the task ends with the last clone.
+#[derive(Clone, Debug)]
+pub struct GroupWriter {
+    queue: mpsc::Sender<Pending>,
+}
+
+impl std::fmt::Debug for Pending {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        self.row.fmt(f)
+    }
+}
+
+impl GroupWriter {
+    pub fn start(store: impl InsertGroup) -> GroupWriter {
+        let (queue, pending) = mpsc::channel(MAX_GROUP);
+        tokio::spawn(write_groups(store, pending));
+        GroupWriter { queue }
+    }
+
+    /// Inserts the key's order's row with the next group: its receipt once committed, or
+    /// `None` when the order had been charged.
+    pub async fn insert(
+        &self,
+        key: &ChargeKey,
+        amount: Money,
+        operation: &OperationKey,
+    ) -> Result<Option<Receipt>, StoreError> {
+        let (done, committed) = oneshot::channel();
+        let row = Row {
+            id: Uuid::now_v7(),
+            order_id: key.order_id().as_str().to_owned(),
+            amount,
+            operation_key: operation.as_str().to_owned(),
+            created_at: Utc::now().trunc_subsecs(6),
+        };
+        // Not queued: known not to charge. Queued but unanswered: it may have been written.
+        self.queue
+            .send(Pending { row, done })
+            .await
+            .map_err(|_| StoreError::unreachable(sqlx::Error::PoolClosed))?;
+        committed
+            .await
+            .map_err(|_| StoreError::from(sqlx::Error::WorkerCrashed))?
+    }
+}
+
+async fn write_groups(store: impl InsertGroup, mut pending: mpsc::Receiver<Pending>) {
+    let mut group = Vec::with_capacity(MAX_GROUP);
+    while pending.recv_many(&mut group, MAX_GROUP).await > 0 {
+        // One order for every group of every instance: two groups racing for the same
+        // orders on one Postgres wait for each other in that order, and cannot deadlock.
+        group.sort_by(|a: &Pending, b: &Pending| a.row.order_id.cmp(&b.row.order_id));
+        let (rows, waiting): (Vec<Row>, Vec<_>) = group.drain(..).map(|p| (p.row, p.done)).unzip();
+        let mut written = store.insert(&rows).await;
+        for (row, done) in rows.iter().zip(waiting) {
+            let outcome = match &mut written {
+                Ok(receipts) => Ok(receipts.remove(&row.id)),
+                Err(err) => Err(err.clone()),
+            };
+            // The caller may have gone (a timeout); its charge stands all the same.
+            let _ = done.send(outcome);
+        }
+    }
+}
