@@ -128,3 +128,46 @@ async fn a_restart_before_the_charge_reaches_the_database_charges_once() {
     assert_eq!(h.db.receipts("DB-3").await, 1);
     assert_eq!(h.model.requests(), 3);
 }
+
+/// The charge's answer is lost and the connection stays open, waiting for it forever.
+/// Charges are written in groups by one writer: the writer gives that write up once its
+/// caller has (the loop timeout, 1 s here), so neither the loop retry's charge nor another
+/// order's charge waits behind it. Both checkouts end 200 with one receipt each.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_charge_whose_answer_never_comes_does_not_stall_the_charges_after_it() {
+    let db = TestDb::new(Backend::Postgres).await;
+    let proxy = Proxy::start("127.0.0.1:5432".parse().unwrap()).await;
+    let model = scripted("").await;
+    let mut settings = test_settings(&db, &model);
+    settings.database_url = db.url_via(proxy.addr);
+    settings.request_timeout = Duration::from_millis(500);
+    settings.loop_timeout = Duration::from_millis(1_000);
+    let h = std::sync::Arc::new(Harness::serve(db, model, settings).await);
+    // Prepares the statements, so that the next charge needs no answer before it runs.
+    assert_eq!(h.checkout("DB-4-warm", "1.00").await.status, 200);
+
+    proxy.swallow_replies();
+    let lost = tokio::spawn({
+        let h = h.clone();
+        async move { h.checkout("DB-4", "5.00").await }
+    });
+    until("the charge is committed, its answer lost", async || {
+        h.db.receipts("DB-4").await == 1
+    })
+    .await;
+    proxy.up();
+    let other = h.checkout("DB-5", "6.00").await;
+    assert_eq!(other.status, 200, "{}", other.text());
+    assert_eq!(other.json()["charged"], true);
+
+    let reply = lost.await.unwrap();
+    assert_eq!(reply.status, 200, "{}", reply.text());
+    let body = reply.json();
+    assert_eq!(
+        (body["attempts"].as_u64(), body["charged"].as_bool()),
+        (Some(2), Some(true)),
+        "attempt 1 charged; attempt 2 found its receipt"
+    );
+    assert_eq!(h.db.receipts("DB-4").await, 1);
+    assert_eq!(h.db.receipts("DB-5").await, 1);
+}

@@ -46,6 +46,7 @@ pub trait InsertGroup: Send + Sync + 'static {
 /// The most charges in one statement (SQLite takes up to 32,766 values; a row has six).
 const MAX_GROUP: usize = 512;
 
+#[derive(Debug)]
 struct Pending {
     row: Row,
     /// The receipt when this row was inserted; `None` when its order was charged before.
@@ -56,12 +57,6 @@ struct Pending {
 #[derive(Clone, Debug)]
 pub struct GroupWriter {
     queue: mpsc::Sender<Pending>,
-}
-
-impl std::fmt::Debug for Pending {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        self.row.fmt(f)
-    }
 }
 
 impl GroupWriter {
@@ -104,8 +99,20 @@ async fn write_groups(store: impl InsertGroup, mut pending: mpsc::Receiver<Pendi
         // One order for every group of every instance: two groups racing for the same
         // orders on one Postgres wait for each other in that order, and cannot deadlock.
         group.sort_by(|a: &Pending, b: &Pending| a.row.order_id.cmp(&b.row.order_id));
-        let (rows, waiting): (Vec<Row>, Vec<_>) = group.drain(..).map(|p| (p.row, p.done)).unzip();
-        let mut written = store.insert(&rows).await;
+        let (rows, mut waiting): (Vec<Row>, Vec<_>) =
+            group.drain(..).map(|p| (p.row, p.done)).unzip();
+        // A write is bounded by its callers' patience, as a statement of their own would
+        // be: when every one of them has given up (their loop timed out), so does the
+        // write, and a statement whose answer never comes cannot stall the charges after it.
+        let everyone_gone = async {
+            for done in &mut waiting {
+                done.closed().await;
+            }
+        };
+        let mut written = tokio::select! {
+            written = store.insert(&rows) => written,
+            () = everyone_gone => continue,
+        };
         for (row, done) in rows.iter().zip(waiting) {
             let outcome = match &mut written {
                 Ok(receipts) => Ok(receipts.remove(&row.id)),
