@@ -34,13 +34,17 @@ pub struct Row {
 }
 
 /// How a database inserts a group of rows.
-pub trait InsertGroup: Send + Sync + 'static {
+pub trait InsertGroup: Send + 'static {
     /// Inserts `rows` in one statement and commit; returns the receipts it made, by id.
     /// Rows whose order was already charged are not among them.
     fn insert(
-        &self,
+        &mut self,
         rows: &[Row],
     ) -> impl Future<Output = Result<HashMap<Uuid, Receipt>, StoreError>> + Send;
+
+    /// Resolves when the database is being closed: the writer lets go of what it holds
+    /// (a connection the pool's `close` would wait for) and ends.
+    fn closing(&self) -> impl Future<Output = ()> + Send + 'static;
 }
 
 /// The most charges in one statement (SQLite takes up to 32,766 values; a row has six).
@@ -93,9 +97,15 @@ impl GroupWriter {
     }
 }
 
-async fn write_groups(store: impl InsertGroup, mut pending: mpsc::Receiver<Pending>) {
+async fn write_groups(mut store: impl InsertGroup, mut pending: mpsc::Receiver<Pending>) {
     let mut group = Vec::with_capacity(MAX_GROUP);
-    while pending.recv_many(&mut group, MAX_GROUP).await > 0 {
+    let closing = store.closing();
+    tokio::pin!(closing);
+    loop {
+        tokio::select! {
+            received = pending.recv_many(&mut group, MAX_GROUP) => if received == 0 { return },
+            () = &mut closing => return,
+        }
         // One order for every group of every instance: two groups racing for the same
         // orders on one Postgres wait for each other in that order, and cannot deadlock.
         group.sort_by(|a: &Pending, b: &Pending| a.row.order_id.cmp(&b.row.order_id));

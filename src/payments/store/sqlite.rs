@@ -1,4 +1,5 @@
 use std::collections::HashMap;
+use std::future::Future;
 
 use chrono::{DateTime, SecondsFormat, Utc};
 use sqlx::sqlite::{Sqlite, SqlitePool, SqliteRow};
@@ -65,8 +66,9 @@ struct SqliteGroups {
 }
 
 impl InsertGroup for SqliteGroups {
-    /// A multi-row `VALUES`: SQLite prepares a statement in microseconds, in process.
-    async fn insert(&self, rows: &[Row]) -> Result<HashMap<Uuid, Receipt>, StoreError> {
+    /// A multi-row `VALUES`: SQLite prepares a statement in microseconds, in process. The
+    /// connection goes back to the pool after every group: it is the only one.
+    async fn insert(&mut self, rows: &[Row]) -> Result<HashMap<Uuid, Receipt>, StoreError> {
         // Taken apart from the statement so that a failure here is known not to charge.
         let mut conn = self.pool.acquire().await.map_err(StoreError::unreachable)?;
         let mut statement = QueryBuilder::<Sqlite>::new(INSERT);
@@ -85,6 +87,10 @@ impl InsertGroup for SqliteGroups {
             .iter()
             .map(|row| from_row(row).map(|receipt| (receipt.id, receipt)))
             .collect()
+    }
+
+    fn closing(&self) -> impl Future<Output = ()> + Send + 'static {
+        self.pool.close_event()
     }
 }
 
