@@ -61,8 +61,8 @@ pub enum OpenError {
     Migrate(#[source] sqlx::migrate::MigrateError),
 }
 
-/// A database failure met while serving a request. Cloneable: one failed SQLite group
-/// commit fails every charge in it.
+/// A database failure met while serving a request. Cloneable: one failed group commit
+/// fails every charge in it.
 #[derive(Clone, Debug, thiserror::Error)]
 pub enum StoreError {
     /// No connection could be had: the statement was never sent. Worth a retry.

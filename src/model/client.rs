@@ -106,15 +106,16 @@ impl ModelClient {
         request: &ChatRequest,
         round: u32,
     ) -> Result<AssistantMessage, ModelError> {
-        let body = serde_json::to_vec(request).expect("chat requests always serialize");
         let call = ModelCall {
             // Copied to its exact size: the body is kept for the retries while the model
-            // thinks, and serializing leaves up to half of its buffer spare.
-            body: Bytes::copy_from_slice(&body),
+            // thinks, and serializing leaves up to half of its buffer spare (the buffer
+            // itself is a temporary, gone before the wait).
+            body: Bytes::copy_from_slice(
+                &serde_json::to_vec(request).expect("chat requests always serialize"),
+            ),
             round,
             attempt: 1,
         };
-        drop(body);
         let response = self.stack.clone().oneshot(call).await.map_err(|err| {
             match err.downcast::<ModelError>() {
                 Ok(model_err) => *model_err,

@@ -35,16 +35,12 @@ pub struct Row {
 
 /// How a database inserts a group of rows.
 pub trait InsertGroup: Send + 'static {
-    /// Inserts `rows` in one statement and commit; returns the receipts it made, by id.
-    /// Rows whose order was already charged are not among them.
+    /// Inserts `rows` in one statement and commit; returns the receipts it made. Rows
+    /// whose order was already charged are not among them.
     fn insert(
         &mut self,
         rows: &[Row],
-    ) -> impl Future<Output = Result<HashMap<Uuid, Receipt>, StoreError>> + Send;
-
-    /// Resolves when the database is being closed: the writer lets go of what it holds
-    /// (a connection the pool's `close` would wait for) and ends.
-    fn closing(&self) -> impl Future<Output = ()> + Send + 'static;
+    ) -> impl Future<Output = Result<Vec<Receipt>, StoreError>> + Send;
 }
 
 /// The most charges in one statement (SQLite takes up to 32,766 values; a row has six).
@@ -64,9 +60,15 @@ pub struct GroupWriter {
 }
 
 impl GroupWriter {
-    pub fn start(store: impl InsertGroup) -> GroupWriter {
+    /// Starts the writer task. It ends when the last clone of the writer is dropped, or
+    /// when `closing` resolves (the pool is being closed): it then lets go of what it
+    /// holds, such as a connection that the pool's `close` would wait for.
+    pub fn start(
+        store: impl InsertGroup,
+        closing: impl Future<Output = ()> + Send + 'static,
+    ) -> GroupWriter {
         let (queue, pending) = mpsc::channel(MAX_GROUP);
-        tokio::spawn(write_groups(store, pending));
+        tokio::spawn(write_groups(store, pending, closing));
         GroupWriter { queue }
     }
 
@@ -97,9 +99,12 @@ impl GroupWriter {
     }
 }
 
-async fn write_groups(mut store: impl InsertGroup, mut pending: mpsc::Receiver<Pending>) {
+async fn write_groups(
+    mut store: impl InsertGroup,
+    mut pending: mpsc::Receiver<Pending>,
+    closing: impl Future<Output = ()>,
+) {
     let mut group = Vec::with_capacity(MAX_GROUP);
-    let closing = store.closing();
     tokio::pin!(closing);
     loop {
         tokio::select! {
@@ -108,7 +113,7 @@ async fn write_groups(mut store: impl InsertGroup, mut pending: mpsc::Receiver<P
         }
         // One order for every group of every instance: two groups racing for the same
         // orders on one Postgres wait for each other in that order, and cannot deadlock.
-        group.sort_by(|a: &Pending, b: &Pending| a.row.order_id.cmp(&b.row.order_id));
+        group.sort_by(|a, b| a.row.order_id.cmp(&b.row.order_id));
         let (rows, mut waiting): (Vec<Row>, Vec<_>) =
             group.drain(..).map(|p| (p.row, p.done)).unzip();
         // A write is bounded by its callers' patience, as a statement of their own would
@@ -120,7 +125,9 @@ async fn write_groups(mut store: impl InsertGroup, mut pending: mpsc::Receiver<P
             }
         };
         let mut written = tokio::select! {
-            written = store.insert(&rows) => written,
+            written = store.insert(&rows) => written.map(|receipts| {
+                receipts.into_iter().map(|r| (r.id, r)).collect::<HashMap<Uuid, Receipt>>()
+            }),
             () = everyone_gone => continue,
         };
         for (row, done) in rows.iter().zip(waiting) {

@@ -1,6 +1,3 @@
-use std::collections::HashMap;
-use std::future::Future;
-
 use chrono::{DateTime, Utc};
 use sqlx::Row as _;
 use sqlx::pool::PoolConnection;
@@ -24,10 +21,13 @@ impl PgReceipts {
     /// Starts the store's writer task; it ends when the last clone of the store is dropped.
     pub fn new(pool: PgPool) -> Self {
         PgReceipts {
-            writer: GroupWriter::start(PgGroups {
-                pool: pool.clone(),
-                conn: None,
-            }),
+            writer: GroupWriter::start(
+                PgGroups {
+                    pool: pool.clone(),
+                    conn: None,
+                },
+                pool.close_event(),
+            ),
             pool,
         }
     }
@@ -74,7 +74,7 @@ struct PgGroups {
 }
 
 impl InsertGroup for PgGroups {
-    async fn insert(&mut self, rows: &[Row]) -> Result<HashMap<Uuid, Receipt>, StoreError> {
+    async fn insert(&mut self, rows: &[Row]) -> Result<Vec<Receipt>, StoreError> {
         let mut conn = match self.conn.take() {
             Some(conn) => conn,
             // Taken apart from the statement so that a failure here is known not to charge.
@@ -99,14 +99,7 @@ impl InsertGroup for PgGroups {
             .await?;
         // Kept only after a success: a connection that failed a statement is let go.
         self.conn = Some(conn);
-        inserted
-            .iter()
-            .map(|row| from_row(row).map(|receipt| (receipt.id, receipt)))
-            .collect()
-    }
-
-    fn closing(&self) -> impl Future<Output = ()> + Send + 'static {
-        self.pool.close_event()
+        inserted.iter().map(from_row).collect()
     }
 }
 

@@ -1,6 +1,3 @@
-use std::collections::HashMap;
-use std::future::Future;
-
 use chrono::{DateTime, SecondsFormat, Utc};
 use sqlx::sqlite::{Sqlite, SqlitePool, SqliteRow};
 use sqlx::{QueryBuilder, Row as _};
@@ -25,7 +22,7 @@ impl SqliteReceipts {
     /// Starts the store's writer task; it ends when the last clone of the store is dropped.
     pub fn new(pool: SqlitePool) -> Self {
         SqliteReceipts {
-            writer: GroupWriter::start(SqliteGroups { pool: pool.clone() }),
+            writer: GroupWriter::start(SqliteGroups { pool: pool.clone() }, pool.close_event()),
             pool,
         }
     }
@@ -68,7 +65,7 @@ struct SqliteGroups {
 impl InsertGroup for SqliteGroups {
     /// A multi-row `VALUES`: SQLite prepares a statement in microseconds, in process. The
     /// connection goes back to the pool after every group: it is the only one.
-    async fn insert(&mut self, rows: &[Row]) -> Result<HashMap<Uuid, Receipt>, StoreError> {
+    async fn insert(&mut self, rows: &[Row]) -> Result<Vec<Receipt>, StoreError> {
         // Taken apart from the statement so that a failure here is known not to charge.
         let mut conn = self.pool.acquire().await.map_err(StoreError::unreachable)?;
         let mut statement = QueryBuilder::<Sqlite>::new(INSERT);
@@ -83,14 +80,7 @@ impl InsertGroup for SqliteGroups {
         });
         statement.push(ON_CONFLICT);
         let inserted = statement.build().fetch_all(&mut *conn).await?;
-        inserted
-            .iter()
-            .map(|row| from_row(row).map(|receipt| (receipt.id, receipt)))
-            .collect()
-    }
-
-    fn closing(&self) -> impl Future<Output = ()> + Send + 'static {
-        self.pool.close_event()
+        inserted.iter().map(from_row).collect()
     }
 }
 
