@@ -35,6 +35,7 @@ pub struct Settings {
     pub loop_backoff: Duration,
     pub loop_backoff_max: Duration,
     pub max_rounds: u32,
+    pub max_nudges: u32,
     pub server_timeout: Duration,
     pub max_amount: u64,
     pub body_limit_bytes: usize,
@@ -86,6 +87,7 @@ impl Default for Settings {
             loop_backoff: Duration::from_millis(100),
             loop_backoff_max: Duration::from_millis(1_000),
             max_rounds: 10,
+            max_nudges: 2,
             server_timeout: Duration::from_millis(100_000),
             max_amount: 1_000_000,
             body_limit_bytes: 16 * 1024,
@@ -245,6 +247,10 @@ pub const SETTINGS: &[(&str, &str, Setter)] = &[
     ),
     ("max_rounds", "CHECKOUT_MAX_ROUNDS", |s, v| {
         s.max_rounds = number(v, 1, 100)?;
+        Ok(())
+    }),
+    ("max_nudges", "CHECKOUT_MAX_NUDGES", |s, v| {
+        s.max_nudges = number(v, 0, 10)?;
         Ok(())
     }),
     ("server_timeout_ms", "CHECKOUT_SERVER_TIMEOUT_MS", |s, v| {

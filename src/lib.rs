@@ -17,7 +17,7 @@ use std::net::SocketAddr;
 use axum::Router;
 use tokio::net::TcpListener;
 
-use assistant::{AgentLoop, Assistant, ToolBox};
+use assistant::{AgentLoop, Assistant, LoopLimits, ToolBox};
 use config::{Provider, Settings};
 use db::{Database, OpenError};
 use http::{AppState, ModelInfo};
@@ -80,7 +80,12 @@ impl App {
         let client = ModelClient::new(&endpoint, &settings.request_retry())
             .map_err(StartError::ModelClient)?;
         let gateway = PaymentGateway::new(Receipts::new(&db));
-        let agent = AgentLoop::new(client, ToolBox::new(gateway.clone()), settings.max_rounds);
+        let limits = LoopLimits {
+            max_rounds: settings.max_rounds,
+            max_nudges: settings.max_nudges,
+            max_tokens: assistant::MAX_TOKENS,
+        };
+        let agent = AgentLoop::new(client, ToolBox::new(gateway.clone()), limits);
         let assistant = Assistant::new(agent, &settings.loop_retry());
         announce(&settings, &db, &info);
         let sweep_every = (settings.idempotency_ttl / 4).clamp(
@@ -167,9 +172,10 @@ fn announce(settings: &Settings, db: &Database, model: &ModelInfo) {
         layer = 4,
         unit = "one run of the assistant loop",
         timeout_ms = ms(settings.loop_timeout),
-        "[4] loop timeout: {} ms per run of the loop, at most {} model rounds",
+        "[4] loop timeout: {} ms per run of the loop, at most {} model rounds; a model that ends without charging is asked again up to {} time(s) before model_did_not_charge",
         ms(settings.loop_timeout),
-        settings.max_rounds
+        settings.max_rounds,
+        settings.max_nudges
     );
     tracing::info!(
         layer = 5,

@@ -103,7 +103,7 @@ async fn a_json_number_amount_is_read_exactly() {
 
 #[tokio::test]
 async fn a_model_that_finishes_without_charging_is_502_model_did_not_charge() {
-    let (h, reply) = run("no-charge@1", |_| {}).await;
+    let (h, reply) = run("no-charge@1", |s| s.max_nudges = 0).await;
     let problem = reply.problem(502);
     assert_eq!(problem["code"], "model_did_not_charge");
     assert_eq!(problem["orderCharged"], false);

@@ -37,15 +37,26 @@ pub struct AgentLoop(Arc<Inner>);
 struct Inner {
     model: ModelClient,
     tools: ToolBox,
-    max_rounds: u32,
+    limits: LoopLimits,
+}
+
+/// How far one run of the loop may go.
+#[derive(Clone, Copy, Debug)]
+pub struct LoopLimits {
+    /// Model requests per run of the loop.
+    pub max_rounds: u32,
+    /// Times a model that ends in text without charging is asked again to charge.
+    pub max_nudges: u32,
+    /// The longest answer asked of the model, in tokens.
+    pub max_tokens: u32,
 }
 
 impl AgentLoop {
-    pub fn new(model: ModelClient, tools: ToolBox, max_rounds: u32) -> Self {
+    pub fn new(model: ModelClient, tools: ToolBox, limits: LoopLimits) -> Self {
         AgentLoop(Arc::new(Inner {
             model,
             tools,
-            max_rounds,
+            limits,
         }))
     }
 }
@@ -80,13 +91,16 @@ impl Inner {
         ctx: &CheckoutContext,
         attempt: u32,
     ) -> Result<CheckoutOutcome, FailureKind> {
+        let limits = self.limits;
         let mut chat = ChatRequest {
             model: self.model.model().to_owned(),
             messages: prompts::opening(ctx.order()),
             tools: ToolBox::specs().into(),
+            max_tokens: Some(limits.max_tokens),
         };
         let mut receipt: Option<Receipt> = None;
-        for round in 1..=self.max_rounds {
+        let mut nudges = 0;
+        for round in 1..=limits.max_rounds {
             // The model call and the tools are boxed: each lives only while it runs, so a
             // loop waiting on the model holds a small future, not the largest of both
             // (thousands of loops wait at once).
@@ -96,7 +110,23 @@ impl Inner {
             let calls = reply.tool_calls.unwrap_or_default();
             if calls.is_empty() {
                 let Some(receipt) = receipt else {
-                    return Err(FailureKind::ModelDidNotCharge);
+                    if nudges == limits.max_nudges {
+                        return Err(FailureKind::ModelDidNotCharge);
+                    }
+                    nudges += 1;
+                    tracing::info!(
+                        round,
+                        nudge = nudges,
+                        of = limits.max_nudges,
+                        answer = reply.content.as_deref().unwrap_or_default(),
+                        "the model ended without charging; asking it again to charge"
+                    );
+                    chat.messages.push(Message::Assistant {
+                        content: reply.content,
+                        tool_calls: Vec::new(),
+                    });
+                    chat.messages.push(prompts::nudge(ctx.order()));
+                    continue;
                 };
                 let message = match reply.content.as_deref().map(str::trim) {
                     Some(text) if !text.is_empty() => text.to_owned(),
@@ -134,6 +164,6 @@ impl Inner {
                 });
             }
         }
-        Err(FailureKind::TooManyRounds(self.max_rounds))
+        Err(FailureKind::TooManyRounds(limits.max_rounds))
     }
 }

@@ -1,6 +1,7 @@
 //! The assistant: loop retry ─► loop timeout ─► the tool-calling loop.
 
 pub mod agent;
+pub mod arguments;
 pub mod context;
 pub mod error;
 pub mod prompts;
@@ -10,7 +11,11 @@ pub mod tools;
 use tower::util::BoxCloneSyncService;
 use tower::{BoxError, ServiceBuilder, ServiceExt};
 
-pub use agent::{AgentLoop, CheckoutOutcome};
+pub use agent::{AgentLoop, CheckoutOutcome, LoopLimits};
+
+/// The longest model answer asked for: a tool call or a sentence needs under a hundred
+/// tokens; a small model pushed to call a tool has rambled for thousands.
+pub const MAX_TOKENS: u32 = 512;
 pub use context::{CheckoutContext, LoopRequest};
 pub use error::{CheckoutError, FailureKind, LoopStop};
 pub use retry::{LoopRetry, LoopRetrySettings};

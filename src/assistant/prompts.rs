@@ -6,6 +6,9 @@ use crate::payments::Order;
 pub const SYSTEM: &str = "You are a checkout assistant. Use the charge tool to take the payment, then confirm it to the customer in one sentence.";
 
 /// The opening messages. The operation key is not in them: the model never sees a key.
+///
+/// The order id is quoted: unquoted, a small model read `X.1:2` as the order `X.1` and the
+/// amount `2` (bench/README.md, "Real model", has the measurements behind each choice).
 pub fn opening(order: &Order) -> Vec<Message> {
     vec![
         Message::System {
@@ -13,11 +16,21 @@ pub fn opening(order: &Order) -> Vec<Message> {
         },
         Message::User {
             content: format!(
-                "Charge order {} the amount of {} {}.",
+                "Charge order \"{}\" the amount of {} {}.",
                 order.id(),
                 order.amount().decimal(),
                 order.amount().currency()
             ),
         },
     ]
+}
+
+/// Sent when the model ends in text without having charged: it names the call to make.
+pub fn nudge(order: &Order) -> Message {
+    Message::User {
+        content: format!(
+            "The order is not charged yet. Call the charge tool with {}.",
+            super::tools::accepted_arguments(order)
+        ),
+    }
 }

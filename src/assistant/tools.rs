@@ -5,15 +5,13 @@
 
 use std::sync::LazyLock;
 
-use serde::Deserialize;
 use serde_json::json;
-use serde_json::value::RawValue;
 
+use super::arguments::{ChargeArguments, Refusal};
 use super::context::CheckoutContext;
 use crate::db::StoreError;
 use crate::model::wire::{FunctionSpec, ToolCall, ToolSpec};
-use crate::payments::money::json_decimal;
-use crate::payments::{ChargeError, Money, PaymentGateway, Receipt};
+use crate::payments::{ChargeError, Money, Order, PaymentGateway, Receipt};
 
 pub const CHARGE: &str = "charge";
 
@@ -39,14 +37,6 @@ pub struct ToolBox {
     gateway: PaymentGateway,
 }
 
-#[derive(Deserialize)]
-struct ChargeArguments {
-    #[serde(rename = "orderId", alias = "order_id")]
-    order_id: String,
-    /// Kept as written: a JSON number is read from its text, never through a float.
-    amount: Box<RawValue>,
-}
-
 impl ToolBox {
     pub fn new(gateway: PaymentGateway) -> Self {
         ToolBox { gateway }
@@ -64,7 +54,7 @@ impl ToolBox {
                         "type": "object",
                         "properties": {
                             "orderId": {"type": "string", "description": "the order id"},
-                            "amount": {"type": "string", "description": "the amount to charge, as a decimal such as 42.50"}
+                            "amount": {"type": "number", "description": "the amount to charge"}
                         },
                         "required": ["orderId", "amount"],
                         "additionalProperties": false
@@ -88,41 +78,11 @@ impl ToolBox {
                 call.function.name
             )));
         }
-        let args: ChargeArguments = match serde_json::from_str(&call.function.arguments) {
-            Ok(args) => args,
-            Err(err) => {
-                return Ok(refused(format!(
-                    "the arguments must be a JSON object with orderId and amount: {err}; nothing was charged"
-                )));
-            }
-        };
         let order = ctx.order();
-        if args.order_id != order.id().as_str() {
-            return Ok(refused(format!(
-                "order {:?} is not the order being checked out ({}); nothing was charged",
-                args.order_id,
-                order.id()
-            )));
-        }
-        let asked = match json_decimal(&args.amount) {
-            Some(text) => Money::parse(&text, order.amount().currency()),
-            None => {
-                return Ok(refused(
-                    "amount must be a decimal string or number; nothing was charged".into(),
-                ));
-            }
-        };
-        match asked {
-            Ok(amount) if amount == order.amount() => {}
-            Ok(amount) => {
-                return Ok(refused(format!(
-                    "the authorized amount is {}, not {amount}; nothing was charged",
-                    order.amount()
-                )));
-            }
-            Err(err) => {
-                return Ok(refused(format!("amount {err}; nothing was charged")));
-            }
+        if let Err(refusal) =
+            ChargeArguments::parse(&call.function.arguments).and_then(|args| args.check(order))
+        {
+            return Ok(refused_charge(&refusal, order));
         }
         let doubt_before = ctx.charge_sending();
         let charged = self
@@ -164,10 +124,60 @@ impl ToolBox {
     }
 }
 
+/// A refused charge call: what was wrong, and the call that would be accepted (the
+/// authorized values are in the prompt already; naming them reveals nothing).
+fn refused_charge(refusal: &Refusal, order: &Order) -> ToolOutput {
+    let reason = refusal.reason(order);
+    tracing::info!(%reason, "charge call refused");
+    let content = json!({
+        "status": "error",
+        "error": format!("{reason}; nothing was charged"),
+        "acceptedCall": {"name": CHARGE, "arguments": accepted_arguments(order)},
+    });
+    ToolOutput {
+        content: content.to_string(),
+        receipt: None,
+    }
+}
+
+/// The arguments of the one charge call this checkout accepts.
+pub(crate) fn accepted_arguments(order: &Order) -> serde_json::Value {
+    json!({"orderId": order.id().as_str(), "amount": order.amount().decimal()})
+}
+
 fn refused(reason: String) -> ToolOutput {
     tracing::info!(%reason, "tool call refused");
     ToolOutput {
         content: json!({"status": "error", "error": reason}).to_string(),
         receipt: None,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::payments::{Currency, OrderId};
+
+    #[test]
+    fn a_refused_charge_says_what_was_wrong_and_which_call_is_accepted() {
+        let usd = Currency::parse("USD").unwrap();
+        let order = Order::new(
+            OrderId::parse("X.1:2").unwrap(),
+            Money::parse("42.50", usd).unwrap(),
+        );
+        let refusal = ChargeArguments::parse(r#"{"orderId": "X.1", "amount": "42.50 USD"}"#)
+            .and_then(|args| args.check(&order))
+            .unwrap_err();
+        let output = refused_charge(&refusal, &order);
+        assert!(output.receipt.is_none());
+        let content: serde_json::Value = serde_json::from_str(&output.content).unwrap();
+        assert_eq!(
+            content,
+            json!({
+                "status": "error",
+                "error": "orderId \"X.1\" is not the order being checked out; the order id is \"X.1:2\", written exactly as given; nothing was charged",
+                "acceptedCall": {"name": "charge", "arguments": {"orderId": "X.1:2", "amount": "42.50"}},
+            })
+        );
     }
 }

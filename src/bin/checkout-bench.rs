@@ -17,6 +17,8 @@ mod floor;
 mod load;
 #[path = "checkout-bench/procfs.rs"]
 mod procfs;
+#[path = "checkout-bench/real_model.rs"]
+mod real_model;
 #[path = "checkout-bench/report.rs"]
 mod report;
 #[path = "checkout-bench/svg.rs"]
@@ -27,6 +29,7 @@ use std::process::ExitCode;
 fn main() -> ExitCode {
     let mut args = args::Args::new(std::env::args().skip(1).collect());
     let result = match args.subcommand().as_deref() {
+        None if args.flag("--real-model") => real_model::main(&mut args),
         None => bench::main(&mut args),
         Some("load") => load::main(&mut args),
         Some("floor-axum") => floor::axum_main(&mut args),

@@ -13,6 +13,10 @@ pub struct ChatRequest {
     /// Borrowed from a static list when sending: every conversation offers the same tools.
     #[serde(default, skip_serializing_if = "no_tools")]
     pub tools: Cow<'static, [ToolSpec]>,
+    /// A bound on the answer's length: a small model asked for a tool call can ramble
+    /// for thousands of tokens.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub max_tokens: Option<u32>,
 }
 
 fn no_tools(tools: &[ToolSpec]) -> bool {

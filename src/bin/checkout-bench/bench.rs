@@ -123,9 +123,9 @@ impl Plan {
 }
 
 #[derive(Clone, Debug)]
-struct Db {
+pub(crate) struct Db {
     name: &'static str,
-    service_url: String,
+    pub(crate) service_url: String,
     floor_url: String,
     /// The SQLite file the service uses (to count its connections).
     sqlite_path: Option<PathBuf>,
@@ -250,7 +250,7 @@ pub fn main(args: &mut Args) -> Result<(), String> {
 }
 
 /// Finds (and, run through cargo, builds) the service binary; makes the work directory.
-fn environment(service_bin: Option<PathBuf>, no_build: bool) -> Result<Env, String> {
+pub(crate) fn environment(service_bin: Option<PathBuf>, no_build: bool) -> Result<Env, String> {
     let bench_bin = std::env::current_exe().map_err(|e| e.to_string())?;
     let profile_dir = bench_bin
         .parent()
@@ -372,7 +372,7 @@ fn sqlite_db(env: &Env, rt: &tokio::runtime::Runtime) -> Result<Db, String> {
 }
 
 /// A fresh `checkout_bench` database on the machine's Postgres, migrated.
-fn postgres_db(rt: &tokio::runtime::Runtime, base: &str) -> Result<Db, String> {
+pub(crate) fn postgres_db(rt: &tokio::runtime::Runtime, base: &str) -> Result<Db, String> {
     // `postgres://HOST:PORT[?OPTIONS]`: the options (e.g. sslmode=disable) go on every URL.
     let (base, options) = match base.split_once('?') {
         Some((base, options)) => (base, format!("?{options}")),

@@ -83,6 +83,7 @@ async fn chat_bodies(client: &reqwest::Client, url: &str) -> Result<(Bytes, Byte
         model: "gpt-4o-mini".into(),
         messages: prompts::opening(&order),
         tools: ToolBox::specs().into(),
+        max_tokens: Some(checkout::assistant::MAX_TOKENS),
     };
     let round1 = Bytes::from(serde_json::to_vec(&chat).map_err(|e| e.to_string())?);
     let answer = post(client, url, round1.clone()).await?;
