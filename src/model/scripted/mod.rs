@@ -5,7 +5,8 @@
 //! the client. It plays a good checkout assistant (charge the order named in the user
 //! message, then confirm in one sentence) unless told to misbehave: a fault plan makes
 //! chosen rounds fail with a status, hang, drop the connection, answer slowly, answer
-//! garbage, or ask for the wrong charge.
+//! garbage, ask for the wrong charge, answer in the forms real servers use, or replay an
+//! answer a real server gave.
 //!
 //! A fault plan is a comma-separated list of `FAULT[@ROUND][xTIMES][%PERCENT]`:
 //! `timeout@2x3` hangs the first three requests of round 2 (round 1 is the first request

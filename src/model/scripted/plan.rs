@@ -43,6 +43,78 @@ pub enum Fault {
     MissingField,
     /// Write the amount as a JSON number instead of a string.
     NumericAmount,
+    /// Answer what a real server once answered: a response recorded with `curl -i`.
+    Replay(Recording),
+    /// Answer as the script would, in a form some real servers use. Like `slow`, it lets
+    /// the next matching rule choose the answer.
+    Quirk(Quirk),
+}
+
+/// A form of answer that real OpenAI-compatible servers send and OpenAI does not.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Quirk {
+    /// `content: ""` rather than null beside tool calls (llama-server).
+    EmptyContent,
+    /// A sentence beside the tool calls.
+    TextBeforeCall,
+    /// `finish_reason: "stop"` on an answer with tool calls.
+    FinishStop,
+    /// `finish_reason: "tool_calls"` on an answer without any.
+    FinishToolCalls,
+    /// Tool-call arguments as a JSON object rather than a string of JSON.
+    ObjectArguments,
+    /// One tool-call id for every call, in every answer.
+    SameId,
+}
+
+/// An HTTP response as `curl -s -i` wrote it to a file: status line, headers, body.
+#[derive(Clone, PartialEq, Eq)]
+pub struct Recording {
+    pub path: String,
+    pub status: u16,
+    pub content_type: Option<String>,
+    pub body: String,
+}
+
+impl Recording {
+    pub fn read(path: &str) -> Result<Recording, String> {
+        let text = std::fs::read_to_string(path)
+            .map_err(|e| format!("cannot read the recording {path:?}: {e}"))?;
+        Recording::parse(path, &text)
+    }
+
+    fn parse(path: &str, text: &str) -> Result<Recording, String> {
+        // CRLF as curl writes it; LF too, should a recording be edited by hand.
+        let (head, body) = text
+            .split_once("\r\n\r\n")
+            .or_else(|| text.split_once("\n\n"))
+            .ok_or_else(|| format!("{path:?} has no blank line between headers and body"))?;
+        let mut lines = head.lines();
+        let status = lines
+            .next()
+            .and_then(|line| line.split_whitespace().nth(1))
+            .and_then(|code| code.parse::<u16>().ok())
+            .filter(|code| (100..600).contains(code))
+            .ok_or_else(|| format!("{path:?} does not start with an HTTP status line"))?;
+        let content_type = lines.find_map(|line| {
+            let (name, value) = line.split_once(':')?;
+            name.trim()
+                .eq_ignore_ascii_case("content-type")
+                .then(|| value.trim().to_owned())
+        });
+        Ok(Recording {
+            path: path.to_owned(),
+            status,
+            content_type,
+            body: body.to_owned(),
+        })
+    }
+}
+
+impl std::fmt::Debug for Recording {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "Recording({:?}, status {})", self.path, self.status)
+    }
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -68,7 +140,10 @@ impl Fault {
     /// Parses one fault: `503`, `503+retry-after=2`, `503+retry-after-date=2`, `429+quota`,
     /// `timeout`, `close`, `slow=1500`, `malformed`, `wrong-order`, `wrong-amount`,
     /// `double-charge`, `recharge` (alias `never-stop`), `no-charge`, `unknown-tool`,
-    /// `bad-arguments`, `missing-field`, `numeric-amount`.
+    /// `bad-arguments`, `missing-field`, `numeric-amount`, `replay=PATH` (a `curl -i`
+    /// recording; the path has no `@`, `+` or `,`), and the quirks `empty-content`,
+    /// `text-before-call`, `finish-stop`, `finish-tool-calls`, `object-arguments`,
+    /// `same-id`.
     pub fn parse(text: &str) -> Result<Fault, String> {
         let mut parts = text.split('+');
         let head = parts.next().unwrap_or_default();
@@ -107,6 +182,7 @@ impl Fault {
         }
         Ok(match head.split_once('=') {
             Some(("slow", ms)) => Fault::Slow(Duration::from_millis(parse_number(ms, head)?)),
+            Some(("replay", path)) => Fault::Replay(Recording::read(path)?),
             Some(_) => return Err(format!("unknown fault {head:?}")),
             None => match head {
                 "timeout" => Fault::Timeout,
@@ -121,6 +197,12 @@ impl Fault {
                 "bad-arguments" => Fault::BadArguments,
                 "missing-field" => Fault::MissingField,
                 "numeric-amount" => Fault::NumericAmount,
+                "empty-content" => Fault::Quirk(Quirk::EmptyContent),
+                "text-before-call" => Fault::Quirk(Quirk::TextBeforeCall),
+                "finish-stop" => Fault::Quirk(Quirk::FinishStop),
+                "finish-tool-calls" => Fault::Quirk(Quirk::FinishToolCalls),
+                "object-arguments" => Fault::Quirk(Quirk::ObjectArguments),
+                "same-id" => Fault::Quirk(Quirk::SameId),
                 _ => return Err(format!("unknown fault {head:?}")),
             },
         })
@@ -177,14 +259,18 @@ fn parse_number<T: std::str::FromStr>(text: &str, context: &str) -> Result<T, St
         .map_err(|_| format!("{text:?} in {context:?} is not a number"))
 }
 
-/// The fault for this request, and any extra delay: `slow` rules add to the delay and
-/// let the next matching rule choose the answer, so `slow` composes with other faults.
-pub(super) fn pick_fault(
-    rules: &mut [(FaultRule, u32)],
-    round: u32,
-    number: u64,
-) -> (Duration, Option<Fault>) {
-    let mut extra = Duration::ZERO;
+/// What the plan makes of one request.
+#[derive(Debug, Default, PartialEq, Eq)]
+pub(super) struct Pick {
+    pub(super) extra: Duration,
+    pub(super) quirks: Vec<Quirk>,
+    pub(super) fault: Option<Fault>,
+}
+
+/// The fault for this request, any extra delay and quirks: `slow` and quirk rules add
+/// theirs and let the next matching rule choose the answer, so they compose with faults.
+pub(super) fn pick_fault(rules: &mut [(FaultRule, u32)], round: u32, number: u64) -> Pick {
+    let mut pick = Pick::default();
     for (index, (rule, used)) in rules.iter_mut().enumerate() {
         if rule.round.is_some_and(|r| r != round) {
             continue;
@@ -201,11 +287,15 @@ pub(super) fn pick_fault(
         }
         *used += 1;
         match &rule.fault {
-            Fault::Slow(delay) => extra += *delay,
-            fault => return (extra, Some(fault.clone())),
+            Fault::Slow(delay) => pick.extra += *delay,
+            Fault::Quirk(quirk) => pick.quirks.push(*quirk),
+            fault => {
+                pick.fault = Some(fault.clone());
+                return pick;
+            }
         }
     }
-    (extra, None)
+    pick
 }
 
 /// A reproducible stand-in for a random draw.
@@ -317,10 +407,10 @@ mod tests {
             .into_iter()
             .map(|r| (r, 0))
             .collect();
-        assert_eq!(pick_fault(&mut rules, 1, 1).1, None);
-        assert_eq!(pick_fault(&mut rules, 2, 2).1, Some(Fault::Close));
-        assert_eq!(pick_fault(&mut rules, 2, 3).1, Some(Fault::Close));
-        assert_eq!(pick_fault(&mut rules, 2, 4).1, None);
+        assert_eq!(pick_fault(&mut rules, 1, 1).fault, None);
+        assert_eq!(pick_fault(&mut rules, 2, 2).fault, Some(Fault::Close));
+        assert_eq!(pick_fault(&mut rules, 2, 3).fault, Some(Fault::Close));
+        assert_eq!(pick_fault(&mut rules, 2, 4).fault, None);
     }
 
     #[test]
@@ -332,7 +422,70 @@ mod tests {
             .collect();
         assert_eq!(
             pick_fault(&mut rules, 2, 1),
-            (Duration::from_millis(100), Some(Fault::Recharge))
+            Pick {
+                extra: Duration::from_millis(100),
+                quirks: vec![],
+                fault: Some(Fault::Recharge)
+            }
+        );
+    }
+
+    #[test]
+    fn quirks_compose_with_the_next_rule() {
+        let mut rules: Vec<(FaultRule, u32)> =
+            FaultRule::parse_plan("same-id,object-arguments@1,double-charge@1")
+                .unwrap()
+                .into_iter()
+                .map(|r| (r, 0))
+                .collect();
+        assert_eq!(
+            pick_fault(&mut rules, 1, 1),
+            Pick {
+                extra: Duration::ZERO,
+                quirks: vec![Quirk::SameId, Quirk::ObjectArguments],
+                fault: Some(Fault::DoubleCharge)
+            }
+        );
+        assert_eq!(
+            pick_fault(&mut rules, 2, 2),
+            Pick {
+                extra: Duration::ZERO,
+                quirks: vec![Quirk::SameId],
+                fault: None
+            }
+        );
+    }
+
+    #[test]
+    fn recordings_read_as_curl_wrote_them() {
+        let crlf = "HTTP/1.1 401 Unauthorized\r\nServer: llama.cpp\r\nContent-Type: application/json; charset=utf-8\r\n\r\n{\"error\":{}}";
+        let recording = Recording::parse("r.http", crlf).unwrap();
+        assert_eq!(
+            (
+                recording.status,
+                recording.content_type.as_deref(),
+                recording.body.as_str()
+            ),
+            (
+                401,
+                Some("application/json; charset=utf-8"),
+                "{\"error\":{}}"
+            )
+        );
+        let lf = Recording::parse("r.http", "HTTP/1.1 200 OK\n\n{}").unwrap();
+        assert_eq!(
+            (lf.status, lf.content_type, lf.body.as_str()),
+            (200, None, "{}")
+        );
+        assert!(
+            Recording::parse("r.http", "{}")
+                .unwrap_err()
+                .contains("no blank line")
+        );
+        assert!(
+            FaultRule::parse_plan("replay=/no/such/file.http@1")
+                .unwrap_err()
+                .contains("cannot read the recording \"/no/such/file.http\"")
         );
     }
 
@@ -344,7 +497,7 @@ mod tests {
             .map(|r| (r, 0))
             .collect();
         let hits = (1..=10_000)
-            .filter(|n| pick_fault(&mut rules, 1, *n).1.is_some())
+            .filter(|n| pick_fault(&mut rules, 1, *n).fault.is_some())
             .count();
         assert!((1_800..=2_200).contains(&hits), "{hits} of 10000");
     }

@@ -5,7 +5,7 @@ use std::time::SystemTime;
 use hyper::StatusCode;
 use serde_json::json;
 
-use super::plan::Fault;
+use super::plan::{Fault, Quirk};
 use super::server::{Answer, json_answer};
 use crate::model::wire::{ChatRequest, Message};
 
@@ -44,14 +44,15 @@ fn charged(chat: &ChatRequest) -> Option<serde_json::Value> {
     })
 }
 
-pub(super) fn assistant_answer(chat: &ChatRequest, number: u64, fault: Option<Fault>) -> Answer {
+pub(super) fn assistant_answer(
+    chat: &ChatRequest,
+    number: u64,
+    fault: Option<Fault>,
+    quirks: &[Quirk],
+) -> Answer {
+    let completion = |text: Option<&str>, calls| completion(chat, number, text, calls, quirks);
     let Some(asked) = asked(chat) else {
-        return completion(
-            chat,
-            number,
-            Some("I could not find an order to charge."),
-            vec![],
-        );
+        return completion(Some("I could not find an order to charge."), vec![]);
     };
     let done = charged(chat);
     let call = |arguments: String| (String::from("charge"), arguments);
@@ -59,12 +60,7 @@ pub(super) fn assistant_answer(chat: &ChatRequest, number: u64, fault: Option<Fa
         |order: &str, amount: &str| json!({"orderId": order, "amount": amount}).to_string();
     let calls: Vec<(String, String)> = match fault {
         Some(Fault::NoCharge) => {
-            return completion(
-                chat,
-                number,
-                Some("Thank you, your order is noted."),
-                vec![],
-            );
+            return completion(Some("Thank you, your order is noted."), vec![]);
         }
         Some(Fault::WrongOrder) => vec![call(charge_args(
             &format!("{}-OTHER", asked.order),
@@ -104,12 +100,12 @@ pub(super) fn assistant_answer(chat: &ChatRequest, number: u64, fault: Option<Fa
                     field("orderId"),
                     field("receiptId"),
                 );
-                return completion(chat, number, Some(&text), vec![]);
+                return completion(Some(&text), vec![]);
             }
             None => vec![call(charge_args(&asked.order, &asked.amount))],
         },
     };
-    completion(chat, number, None, calls)
+    completion(None, calls)
 }
 
 fn completion(
@@ -117,25 +113,47 @@ fn completion(
     number: u64,
     text: Option<&str>,
     calls: Vec<(String, String)>,
+    quirks: &[Quirk],
 ) -> Answer {
+    let quirk = |q: Quirk| quirks.contains(&q);
     let tool_calls: Vec<serde_json::Value> = calls
         .into_iter()
         .enumerate()
         .map(|(i, (name, arguments))| {
+            let id = if quirk(Quirk::SameId) {
+                "call_0".to_owned()
+            } else {
+                format!("call_{number}_{}", i + 1)
+            };
+            let arguments = match serde_json::from_str::<serde_json::Value>(&arguments) {
+                Ok(object) if quirk(Quirk::ObjectArguments) && object.is_object() => object,
+                _ => serde_json::Value::String(arguments),
+            };
             json!({
-                "id": format!("call_{number}_{}", i + 1),
+                "id": id,
                 "type": "function",
                 "function": {"name": name, "arguments": arguments},
             })
         })
         .collect();
-    let finish = if tool_calls.is_empty() {
-        "stop"
-    } else {
-        "tool_calls"
+    let calling = !tool_calls.is_empty();
+    let finish = match (
+        calling,
+        quirk(Quirk::FinishStop),
+        quirk(Quirk::FinishToolCalls),
+    ) {
+        (true, true, _) | (false, _, false) => "stop",
+        (true, false, _) | (false, _, true) => "tool_calls",
+    };
+    let text = match text {
+        None if calling && quirk(Quirk::TextBeforeCall) => {
+            Some("Let me take the payment for your order.")
+        }
+        None if calling && quirk(Quirk::EmptyContent) => Some(""),
+        text => text,
     };
     let mut message = json!({"role": "assistant", "content": text});
-    if !tool_calls.is_empty() {
+    if calling {
         message["tool_calls"] = serde_json::Value::Array(tool_calls);
     }
     let created = SystemTime::now()

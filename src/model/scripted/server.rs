@@ -16,7 +16,7 @@ use hyper_util::server::conn::auto;
 use serde_json::json;
 use tokio::net::TcpListener;
 
-use super::plan::{Fault, FaultRule, RetryAfter, pick_fault};
+use super::plan::{Fault, FaultRule, Pick, Recording, RetryAfter, pick_fault};
 use super::script::assistant_answer;
 use crate::model::wire::{ChatRequest, Message};
 
@@ -148,16 +148,24 @@ async fn completions(state: &State, request: Request<Incoming>) -> Result<Answer
         }
         by_round[round as usize - 1] += 1;
     }
-    let (fault, delay) = {
+    let (
+        Pick {
+            extra,
+            quirks,
+            fault,
+        },
+        base,
+    ) = {
         let mut plan = state.script.lock().unwrap();
-        let (extra, fault) = pick_fault(&mut plan.rules, round, number);
-        let base = if fault.as_ref().is_some_and(Fault::is_transport) {
+        let pick = pick_fault(&mut plan.rules, round, number);
+        let base = if pick.fault.as_ref().is_some_and(Fault::is_transport) {
             Duration::ZERO
         } else {
             plan.delay
         };
-        (fault, base + extra)
+        (pick, base)
     };
+    let delay = base + extra;
     if !delay.is_zero() {
         tokio::time::sleep(delay).await;
     }
@@ -202,8 +210,21 @@ async fn completions(state: &State, request: Request<Incoming>) -> Result<Answer
                 b"{\"choices\": [{\"message\": ",
             )))
             .expect("a valid response")),
-        other => Ok(assistant_answer(&chat, number, other)),
+        Some(Fault::Replay(recording)) => Ok(replayed(&recording)),
+        other => Ok(assistant_answer(&chat, number, other, &quirks)),
     }
+}
+
+fn replayed(recording: &Recording) -> Answer {
+    let mut answer = Response::builder().status(
+        StatusCode::from_u16(recording.status).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR),
+    );
+    if let Some(content_type) = &recording.content_type {
+        answer = answer.header(CONTENT_TYPE, content_type);
+    }
+    answer
+        .body(Full::new(Bytes::from(recording.body.clone())))
+        .expect("a valid response")
 }
 
 pub(super) fn json_answer(status: StatusCode, body: &serde_json::Value) -> Answer {
