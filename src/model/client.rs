@@ -197,7 +197,7 @@ impl Endpoint {
             "model response"
         );
         if !status.is_success() {
-            let (code, message) = error_fields(&body);
+            let (code, message) = error_fields(status.as_u16(), &body);
             return Err(ModelError::new(ModelErrorKind::Status {
                 status: status.as_u16(),
                 code,
@@ -223,13 +223,17 @@ fn retry_after(headers: &HeaderMap) -> Option<Duration> {
     )
 }
 
-/// The `code` and `message` of an OpenAI-style error body, or the body's start.
-fn error_fields(body: &[u8]) -> (Option<String>, String) {
+/// The `code` and `message` of an OpenAI-style error body, or the body's start. A numeric
+/// code that repeats the status (llama.cpp's `"code": 401`) is dropped: it says nothing the
+/// status does not.
+fn error_fields(status: u16, body: &[u8]) -> (Option<String>, String) {
     let parsed: Option<serde_json::Value> = serde_json::from_slice(body).ok();
     let error = parsed.as_ref().and_then(|v| v.get("error"));
     let code = error.and_then(|e| e.get("code")).and_then(|c| match c {
         serde_json::Value::String(s) => Some(s.clone()),
-        serde_json::Value::Number(n) => Some(n.to_string()),
+        serde_json::Value::Number(n) if n.as_u64() != Some(u64::from(status)) => {
+            Some(n.to_string())
+        }
         _ => None,
     });
     let message = error
@@ -268,15 +272,26 @@ mod tests {
     fn error_bodies_give_their_code() {
         let body = br#"{"error":{"message":"You exceeded your current quota","type":"insufficient_quota","code":"insufficient_quota"}}"#;
         assert_eq!(
-            error_fields(body),
+            error_fields(429, body),
             (
                 Some("insufficient_quota".into()),
                 "You exceeded your current quota".into()
             )
         );
         assert_eq!(
-            error_fields(b"upstream down"),
+            error_fields(502, b"upstream down"),
             (None, "upstream down".into())
+        );
+    }
+
+    #[test]
+    fn a_numeric_code_is_kept_only_when_it_is_not_the_status() {
+        let llama =
+            br#"{"error":{"message":"Invalid API Key","type":"authentication_error","code":401}}"#;
+        assert_eq!(error_fields(401, llama), (None, "Invalid API Key".into()));
+        assert_eq!(
+            error_fields(400, br#"{"error":{"message":"m","code":1042}}"#),
+            (Some("1042".into()), "m".into())
         );
     }
 

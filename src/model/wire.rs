@@ -5,6 +5,7 @@
 use std::borrow::Cow;
 
 use serde::{Deserialize, Serialize};
+use serde_json::value::RawValue;
 
 #[derive(Clone, Debug, Serialize, Deserialize)]
 pub struct ChatRequest {
@@ -91,8 +92,59 @@ pub struct Choice {
 pub struct AssistantMessage {
     #[serde(default)]
     pub content: Option<String>,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[serde(
+        default,
+        skip_serializing_if = "Option::is_none",
+        deserialize_with = "received_calls"
+    )]
     pub tool_calls: Option<Vec<ToolCall>>,
+}
+
+/// A tool call as a server sends it. Some (Ollama's native API, some proxies) send the
+/// arguments as a JSON object rather than a string of JSON; either is kept as its JSON
+/// text, exactly as written, and sent back as a string, as OpenAI requires of a request.
+#[derive(Deserialize)]
+struct ReceivedCall {
+    id: String,
+    #[serde(rename = "type", default = "function_type")]
+    kind: String,
+    function: ReceivedFunction,
+}
+
+#[derive(Deserialize)]
+struct ReceivedFunction {
+    name: String,
+    #[serde(default)]
+    arguments: Option<Box<RawValue>>,
+}
+
+fn received_calls<'de, D: serde::Deserializer<'de>>(
+    deserializer: D,
+) -> Result<Option<Vec<ToolCall>>, D::Error> {
+    let Some(calls) = Option::<Vec<ReceivedCall>>::deserialize(deserializer)? else {
+        return Ok(None);
+    };
+    calls
+        .into_iter()
+        .map(|call| {
+            let arguments = match call.function.arguments {
+                None => String::new(),
+                Some(raw) if raw.get().starts_with('"') => {
+                    serde_json::from_str(raw.get()).map_err(serde::de::Error::custom)?
+                }
+                Some(raw) => raw.get().to_owned(),
+            };
+            Ok(ToolCall {
+                id: call.id,
+                kind: call.kind,
+                function: FunctionCall {
+                    name: call.function.name,
+                    arguments,
+                },
+            })
+        })
+        .collect::<Result<_, _>>()
+        .map(Some)
 }
 
 /// An error body as OpenAI sends it: `{"error": {"message", "type", "code"}}`.
@@ -113,4 +165,56 @@ pub struct ErrorDetail {
 
 fn function_type() -> String {
     "function".to_owned()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn arguments(call: &str) -> String {
+        let answer: AssistantMessage =
+            serde_json::from_str(&format!(r#"{{"content":"","tool_calls":[{call}]}}"#)).unwrap();
+        answer.tool_calls.unwrap().remove(0).function.arguments
+    }
+
+    #[test]
+    fn arguments_are_read_from_a_string_or_an_object_as_their_json_text() {
+        assert_eq!(
+            arguments(
+                r#"{"id":"c","function":{"name":"charge","arguments":"{\"amount\": 42.50}"}}"#
+            ),
+            r#"{"amount": 42.50}"#
+        );
+        // An object keeps its text as written: the amount's digits never pass through a float.
+        assert_eq!(
+            arguments(r#"{"id":"c","function":{"name":"charge","arguments":{"amount": 42.50}}}"#),
+            r#"{"amount": 42.50}"#
+        );
+        assert_eq!(
+            arguments(r#"{"id":"c","function":{"name":"charge","arguments":null}}"#),
+            ""
+        );
+        assert_eq!(arguments(r#"{"id":"c","function":{"name":"charge"}}"#), "");
+    }
+
+    #[test]
+    fn object_arguments_are_sent_back_as_a_string() {
+        let call =
+            arguments(r#"{"id":"c","function":{"name":"charge","arguments":{"orderId":"A-1"}}}"#);
+        let echoed = Message::Assistant {
+            content: None,
+            tool_calls: vec![ToolCall {
+                id: "c".into(),
+                kind: "function".into(),
+                function: FunctionCall {
+                    name: "charge".into(),
+                    arguments: call,
+                },
+            }],
+        };
+        assert_eq!(
+            serde_json::to_value(&echoed).unwrap()["tool_calls"][0]["function"]["arguments"],
+            r#"{"orderId":"A-1"}"#
+        );
+    }
 }

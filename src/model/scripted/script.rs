@@ -1,0 +1,174 @@
+//! The script: what a good checkout assistant answers, and the wrong answers a fault asks for.
+
+use std::time::SystemTime;
+
+use hyper::StatusCode;
+use serde_json::json;
+
+use super::plan::{Fault, Quirk};
+use super::server::{Answer, json_answer};
+use crate::model::wire::{ChatRequest, Message};
+
+/// What the order looks like to the model: read from the user message, as a model would.
+struct Asked {
+    order: String,
+    amount: String,
+}
+
+fn asked(chat: &ChatRequest) -> Option<Asked> {
+    let text = chat.messages.iter().rev().find_map(|m| match m {
+        Message::User { content } => Some(content.as_str()),
+        _ => None,
+    })?;
+    let words: Vec<&str> = text.split_whitespace().collect();
+    let after = |word: &str| {
+        words
+            .iter()
+            .position(|w| *w == word)
+            .and_then(|i| words.get(i + 1))
+            .map(|w| w.trim_end_matches('.').to_owned())
+    };
+    Some(Asked {
+        order: after("order")?,
+        amount: after("of")?,
+    })
+}
+
+/// The receipt of a charge tool result in the conversation, if there is one.
+fn charged(chat: &ChatRequest) -> Option<serde_json::Value> {
+    chat.messages.iter().find_map(|m| match m {
+        Message::Tool { content, .. } => serde_json::from_str::<serde_json::Value>(content)
+            .ok()
+            .filter(|v| v.get("status").and_then(|s| s.as_str()) == Some("charged")),
+        _ => None,
+    })
+}
+
+pub(super) fn assistant_answer(
+    chat: &ChatRequest,
+    number: u64,
+    fault: Option<Fault>,
+    quirks: &[Quirk],
+) -> Answer {
+    let completion = |text: Option<&str>, calls| completion(chat, number, text, calls, quirks);
+    let Some(asked) = asked(chat) else {
+        return completion(Some("I could not find an order to charge."), vec![]);
+    };
+    let done = charged(chat);
+    let call = |arguments: String| (String::from("charge"), arguments);
+    let charge_args =
+        |order: &str, amount: &str| json!({"orderId": order, "amount": amount}).to_string();
+    let calls: Vec<(String, String)> = match fault {
+        Some(Fault::NoCharge) => {
+            return completion(Some("Thank you, your order is noted."), vec![]);
+        }
+        Some(Fault::WrongOrder) => vec![call(charge_args(
+            &format!("{}-OTHER", asked.order),
+            &asked.amount,
+        ))],
+        Some(Fault::WrongAmount) => vec![call(charge_args(
+            &asked.order,
+            &format!("1{}", asked.amount),
+        ))],
+        Some(Fault::DoubleCharge) => {
+            let args = charge_args(&asked.order, &asked.amount);
+            vec![call(args.clone()), call(args)]
+        }
+        Some(Fault::Recharge) => vec![call(charge_args(&asked.order, &asked.amount))],
+        Some(Fault::UnknownTool) => {
+            vec![("refund".into(), charge_args(&asked.order, &asked.amount))]
+        }
+        Some(Fault::BadArguments) => {
+            vec![call(format!(
+                "{{\"orderId\": \"{}\", \"amount\": ",
+                asked.order
+            ))]
+        }
+        Some(Fault::MissingField) => vec![call(json!({"orderId": asked.order}).to_string())],
+        Some(Fault::NumericAmount) if done.is_none() => vec![call(format!(
+            "{{\"orderId\": {}, \"amount\": {}}}",
+            serde_json::Value::String(asked.order.clone()),
+            asked.amount
+        ))],
+        _ => match &done {
+            Some(receipt) => {
+                let field = |name: &str| receipt.get(name).and_then(|v| v.as_str()).unwrap_or("?");
+                let text = format!(
+                    "Your payment of {} {} for order {} went through; your receipt is {}.",
+                    field("amount"),
+                    field("currency"),
+                    field("orderId"),
+                    field("receiptId"),
+                );
+                return completion(Some(&text), vec![]);
+            }
+            None => vec![call(charge_args(&asked.order, &asked.amount))],
+        },
+    };
+    completion(None, calls)
+}
+
+fn completion(
+    chat: &ChatRequest,
+    number: u64,
+    text: Option<&str>,
+    calls: Vec<(String, String)>,
+    quirks: &[Quirk],
+) -> Answer {
+    let quirk = |q: Quirk| quirks.contains(&q);
+    let tool_calls: Vec<serde_json::Value> = calls
+        .into_iter()
+        .enumerate()
+        .map(|(i, (name, arguments))| {
+            let id = if quirk(Quirk::SameId) {
+                "call_0".to_owned()
+            } else {
+                format!("call_{number}_{}", i + 1)
+            };
+            let arguments = match serde_json::from_str::<serde_json::Value>(&arguments) {
+                Ok(object) if quirk(Quirk::ObjectArguments) && object.is_object() => object,
+                _ => serde_json::Value::String(arguments),
+            };
+            json!({
+                "id": id,
+                "type": "function",
+                "function": {"name": name, "arguments": arguments},
+            })
+        })
+        .collect();
+    let calling = !tool_calls.is_empty();
+    let finish = match (
+        calling,
+        quirk(Quirk::FinishStop),
+        quirk(Quirk::FinishToolCalls),
+    ) {
+        (true, true, _) | (false, _, false) => "stop",
+        (true, false, _) | (false, _, true) => "tool_calls",
+    };
+    let text = match text {
+        None if calling && quirk(Quirk::TextBeforeCall) => {
+            Some("Let me take the payment for your order.")
+        }
+        None if calling && quirk(Quirk::EmptyContent) => Some(""),
+        text => text,
+    };
+    let mut message = json!({"role": "assistant", "content": text});
+    if calling {
+        message["tool_calls"] = serde_json::Value::Array(tool_calls);
+    }
+    let created = SystemTime::now()
+        .duration_since(SystemTime::UNIX_EPOCH)
+        .map(|d| d.as_secs())
+        .unwrap_or_default();
+    json_answer(
+        StatusCode::OK,
+        &json!({
+            "id": format!("chatcmpl-scripted-{number}"),
+            "object": "chat.completion",
+            "created": created,
+            "model": chat.model,
+            "choices": [{"index": 0, "message": message, "finish_reason": finish}],
+            "usage": {"prompt_tokens": 0, "completion_tokens": 0, "total_tokens": 0},
+        }),
+    )
+}

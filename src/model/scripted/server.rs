@@ -1,0 +1,243 @@
+//! The HTTP server: accepts connections, counts requests, checks the key, applies the
+//! fault plan's transport faults, and hands the rest to the script.
+
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant, SystemTime};
+
+use bytes::Bytes;
+use http_body_util::{BodyExt, Full};
+use hyper::body::Incoming;
+use hyper::header::{AUTHORIZATION, CONTENT_TYPE, RETRY_AFTER};
+use hyper::service::service_fn;
+use hyper::{Method, Request, Response, StatusCode};
+use hyper_util::rt::{TokioExecutor, TokioIo};
+use hyper_util::server::conn::auto;
+use serde_json::json;
+use tokio::net::TcpListener;
+
+use super::plan::{Fault, FaultRule, Pick, Recording, RetryAfter, pick_fault};
+use super::script::assistant_answer;
+use crate::model::wire::{ChatRequest, Message};
+
+pub(super) struct State {
+    pub(super) script: Mutex<Plan>,
+    pub(super) requests: AtomicU64,
+    pub(super) http2_requests: AtomicU64,
+    pub(super) by_round: Mutex<Vec<u64>>,
+    pub(super) arrivals: Mutex<Vec<Instant>>,
+}
+
+pub(super) struct Plan {
+    pub(super) rules: Vec<(FaultRule, u32)>,
+    pub(super) delay: Duration,
+    pub(super) api_key: Option<String>,
+}
+
+pub(super) async fn accept_loop(listener: TcpListener, state: Arc<State>) {
+    loop {
+        let Ok((stream, _)) = listener.accept().await else {
+            tokio::time::sleep(Duration::from_millis(10)).await;
+            continue;
+        };
+        let _ = stream.set_nodelay(true);
+        let state = state.clone();
+        tokio::spawn(async move {
+            let service = service_fn(move |request| handle(state.clone(), request));
+            // HTTP/1.1, or HTTP/2 for a client that starts with its preface (h2c), with no
+            // cap on concurrent streams: the benchmark runs thousands on one connection.
+            let mut builder = auto::Builder::new(TokioExecutor::new());
+            builder.http2().max_concurrent_streams(None);
+            let _ = builder
+                .serve_connection(TokioIo::new(stream), service)
+                .await;
+        });
+    }
+}
+
+/// Returned by the service to make hyper drop the connection without an answer.
+#[derive(Debug)]
+struct CloseConnection;
+
+impl std::fmt::Display for CloseConnection {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("scripted fault: connection closed")
+    }
+}
+
+impl std::error::Error for CloseConnection {}
+
+pub(super) type Answer = Response<Full<Bytes>>;
+
+async fn handle(state: Arc<State>, request: Request<Incoming>) -> Result<Answer, CloseConnection> {
+    let path = request.uri().path();
+    match (request.method(), path) {
+        (&Method::POST, "/v1/chat/completions" | "/chat/completions") => {
+            completions(&state, request).await
+        }
+        (&Method::GET, "/v1/models" | "/models") => Ok(json_answer(
+            StatusCode::OK,
+            &json!({"object": "list", "data": [{"id": "scripted", "object": "model", "owned_by": "checkout"}]}),
+        )),
+        (&Method::GET, "/_scripted/stats") => {
+            let by_round = state.by_round.lock().unwrap().clone();
+            Ok(json_answer(
+                StatusCode::OK,
+                &json!({"requests": state.requests.load(Ordering::SeqCst), "byRound": by_round}),
+            ))
+        }
+        _ => Ok(error_answer(
+            StatusCode::NOT_FOUND,
+            "not_found",
+            "no such endpoint",
+        )),
+    }
+}
+
+async fn completions(state: &State, request: Request<Incoming>) -> Result<Answer, CloseConnection> {
+    let number = state.requests.fetch_add(1, Ordering::SeqCst) + 1;
+    if request.version() == hyper::Version::HTTP_2 {
+        state.http2_requests.fetch_add(1, Ordering::SeqCst);
+    }
+    state.arrivals.lock().unwrap().push(Instant::now());
+    let authorized = {
+        let plan = state.script.lock().unwrap();
+        match &plan.api_key {
+            None => true,
+            Some(key) => {
+                request
+                    .headers()
+                    .get(AUTHORIZATION)
+                    .and_then(|v| v.to_str().ok())
+                    .and_then(|v| v.strip_prefix("Bearer "))
+                    == Some(key.as_str())
+            }
+        }
+    };
+    let body = match request.into_body().collect().await {
+        Ok(body) => body.to_bytes(),
+        Err(_) => return Err(CloseConnection),
+    };
+    if !authorized {
+        return Ok(error_answer(
+            StatusCode::UNAUTHORIZED,
+            "invalid_api_key",
+            "Incorrect API key provided.",
+        ));
+    }
+    let chat: ChatRequest = match serde_json::from_slice(&body) {
+        Ok(chat) => chat,
+        Err(err) => {
+            return Ok(error_answer(
+                StatusCode::BAD_REQUEST,
+                "invalid_request_error",
+                &format!("the request is not a chat completion: {err}"),
+            ));
+        }
+    };
+    let round = chat
+        .messages
+        .iter()
+        .filter(|m| matches!(m, Message::Assistant { .. }))
+        .count() as u32
+        + 1;
+    {
+        let mut by_round = state.by_round.lock().unwrap();
+        if by_round.len() < round as usize {
+            by_round.resize(round as usize, 0);
+        }
+        by_round[round as usize - 1] += 1;
+    }
+    let (
+        Pick {
+            extra,
+            quirks,
+            fault,
+        },
+        base,
+    ) = {
+        let mut plan = state.script.lock().unwrap();
+        let pick = pick_fault(&mut plan.rules, round, number);
+        let base = if pick.fault.as_ref().is_some_and(Fault::is_transport) {
+            Duration::ZERO
+        } else {
+            plan.delay
+        };
+        (pick, base)
+    };
+    let delay = base + extra;
+    if !delay.is_zero() {
+        tokio::time::sleep(delay).await;
+    }
+    match fault {
+        Some(Fault::Status {
+            status,
+            retry_after,
+            quota,
+        }) => {
+            let status = StatusCode::from_u16(status).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR);
+            let mut answer = if quota {
+                error_answer(
+                    status,
+                    "insufficient_quota",
+                    "You exceeded your current quota, please check your plan and billing details.",
+                )
+            } else {
+                error_answer(status, "scripted_fault", "scripted fault")
+            };
+            if let Some(retry_after) = retry_after {
+                let value = match retry_after {
+                    RetryAfter::Seconds(s) => s.to_string(),
+                    RetryAfter::DateIn(s) => {
+                        httpdate::fmt_http_date(SystemTime::now() + Duration::from_secs(s))
+                    }
+                };
+                answer
+                    .headers_mut()
+                    .insert(RETRY_AFTER, value.parse().expect("a valid header value"));
+            }
+            Ok(answer)
+        }
+        Some(Fault::Timeout) => {
+            tokio::time::sleep(Duration::from_secs(300)).await;
+            Err(CloseConnection)
+        }
+        Some(Fault::Close) => Err(CloseConnection),
+        Some(Fault::Malformed) => Ok(Response::builder()
+            .status(StatusCode::OK)
+            .header(CONTENT_TYPE, "application/json")
+            .body(Full::new(Bytes::from_static(
+                b"{\"choices\": [{\"message\": ",
+            )))
+            .expect("a valid response")),
+        Some(Fault::Replay(recording)) => Ok(replayed(&recording)),
+        other => Ok(assistant_answer(&chat, number, other, &quirks)),
+    }
+}
+
+fn replayed(recording: &Recording) -> Answer {
+    let mut answer = Response::builder().status(
+        StatusCode::from_u16(recording.status).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR),
+    );
+    if let Some(content_type) = &recording.content_type {
+        answer = answer.header(CONTENT_TYPE, content_type);
+    }
+    answer
+        .body(Full::new(Bytes::from(recording.body.clone())))
+        .expect("a valid response")
+}
+
+pub(super) fn json_answer(status: StatusCode, body: &serde_json::Value) -> Answer {
+    Response::builder()
+        .status(status)
+        .header(CONTENT_TYPE, "application/json")
+        .body(Full::new(Bytes::from(body.to_string())))
+        .expect("a valid response")
+}
+
+fn error_answer(status: StatusCode, code: &str, message: &str) -> Answer {
+    json_answer(
+        status,
+        &json!({"error": {"message": message, "type": code, "code": code}}),
+    )
+}
