@@ -136,3 +136,24 @@ async fn a_model_that_keeps_calling_tools_stops_after_max_rounds() {
         "five charge calls, one charge"
     );
 }
+
+#[tokio::test]
+async fn a_model_that_ends_without_charging_is_nudged_and_then_charges() {
+    let (h, reply) = run("no-charge@1", |s| s.max_nudges = 2).await;
+    assert_eq!(reply.status, 200, "{}", reply.text());
+    assert_eq!(reply.json()["charged"], true);
+    // Round 1 ended in text, round 2 (after the nudge) charged, round 3 confirmed.
+    assert_eq!(h.model.requests(), 3);
+    assert_eq!(h.db.receipts("M-1").await, 1);
+}
+
+#[tokio::test]
+async fn a_model_that_never_charges_is_nudged_max_nudges_times_then_502() {
+    let (h, reply) = run("no-charge", |s| s.max_nudges = 2).await;
+    let problem = reply.problem(502);
+    assert_eq!(problem["code"], "model_did_not_charge");
+    assert_eq!(problem["attempts"], 1);
+    // The first answer and one after each of the two nudges.
+    assert_eq!(h.model.requests(), 3);
+    assert_eq!(h.db.all_receipts().await, 0);
+}

@@ -15,8 +15,10 @@ struct Asked {
     amount: String,
 }
 
+/// Reads the opening user message, `Charge order "X" the amount of A C.` (a later user
+/// message is a nudge, not a new order).
 fn asked(chat: &ChatRequest) -> Option<Asked> {
-    let text = chat.messages.iter().rev().find_map(|m| match m {
+    let text = chat.messages.iter().find_map(|m| match m {
         Message::User { content } => Some(content.as_str()),
         _ => None,
     })?;
@@ -29,7 +31,7 @@ fn asked(chat: &ChatRequest) -> Option<Asked> {
             .map(|w| w.trim_end_matches('.').to_owned())
     };
     Some(Asked {
-        order: after("order")?,
+        order: after("order")?.trim_matches('"').to_owned(),
         amount: after("of")?,
     })
 }
