@@ -11,8 +11,9 @@ use tower::util::BoxCloneSyncService;
 use tower::{BoxError, ServiceBuilder, ServiceExt};
 
 pub use agent::{AgentLoop, CheckoutOutcome};
+pub use context::{ChargeReport, ChargeStatus};
 pub use context::{CheckoutContext, LoopRequest};
-pub use error::{CheckoutError, FailureKind, LoopStop};
+pub use error::{CheckoutError, FailureKind};
 pub use retry::{LoopRetry, LoopRetrySettings};
 pub use tools::ToolBox;
 

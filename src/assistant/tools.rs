@@ -10,7 +10,6 @@ use serde_json::json;
 use serde_json::value::RawValue;
 
 use super::context::CheckoutContext;
-use crate::db::StoreError;
 use crate::model::wire::{FunctionSpec, ToolCall, ToolSpec};
 use crate::payments::money::json_decimal;
 use crate::payments::{ChargeError, Money, PaymentGateway, Receipt};
@@ -18,12 +17,11 @@ use crate::payments::{ChargeError, Money, PaymentGateway, Receipt};
 pub const CHARGE: &str = "charge";
 
 /// A tool call that cannot go on: the loop stops with this, the model is not asked again.
+/// A tool adds its own error here, whole.
 #[derive(Debug, thiserror::Error)]
 pub enum ToolFailure {
-    #[error("order {} was already charged {}, not {asked}", .existing.order_id, .existing.amount)]
-    AmountConflict { existing: Receipt, asked: Money },
     #[error(transparent)]
-    Store(StoreError),
+    Charge(#[from] ChargeError),
 }
 
 /// What a tool call produced.
@@ -129,16 +127,9 @@ impl ToolBox {
             .gateway
             .charge(ctx.charge_key(), order.amount(), ctx.operation_key())
             .await
-            .map_err(|err| match err {
-                ChargeError::AmountConflict { existing, asked } => {
+            .inspect_err(|err| {
+                if err.charged_nothing() {
                     ctx.charge_not_sent(doubt_before);
-                    ToolFailure::AmountConflict { existing, asked }
-                }
-                ChargeError::Store(err) => {
-                    if err.never_sent() {
-                        ctx.charge_not_sent(doubt_before);
-                    }
-                    ToolFailure::Store(err)
                 }
             })?;
         let receipt = charged.receipt;

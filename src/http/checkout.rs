@@ -11,9 +11,10 @@ use utoipa::{IntoParams, ToSchema};
 
 use super::error::{Code, Problem, ProblemBody};
 use super::{Answer, AppState, ReceiptView, idempotent};
-use crate::assistant::{CheckoutContext, CheckoutError, CheckoutOutcome, FailureKind, LoopStop};
+use crate::assistant::{
+    ChargeStatus, CheckoutContext, CheckoutError, CheckoutOutcome, FailureKind,
+};
 use crate::idempotency::Caller;
-use crate::model::{ModelErrorKind, Stop};
 use crate::payments::money::json_decimal;
 use crate::payments::{Currency, Money, OperationKey, Order, OrderId};
 
@@ -209,112 +210,49 @@ fn success(ctx: &CheckoutContext, outcome: CheckoutOutcome, format: Format) -> A
 
 /// The error answer, saying which layer gave up and whether the order is charged.
 async fn failure(app: &AppState, ctx: &CheckoutContext, err: CheckoutError) -> Problem {
-    let layer = if err.stop == Some(LoopStop::RetriesSpent) {
-        Some("loop retry")
-    } else {
-        match err.kind {
-            FailureKind::Model(_) => Some("request retry"),
-            FailureKind::Timeout(_) => Some("loop timeout"),
-            _ => None,
-        }
+    tracing::warn!(order = %ctx.order().id(), error = %err, cause = ?std::error::Error::source(&err), "checkout failed");
+    if let Some(existing) = err.kind.amount_conflict() {
+        return Problem::new(
+            Code::AmountConflict,
+            format!("{}; nothing was charged", err.kind),
+        )
+        .with("orderCharged", true)
+        .with("receiptId", existing.id.to_string())
+        .with("chargedAmount", existing.amount.decimal())
+        .with("chargedCurrency", existing.amount.currency().code());
+    }
+    let code = match &err.kind {
+        FailureKind::Timeout(_) => Code::DeadlineExceeded,
+        FailureKind::Model(_) if err.kind.is_deadline() => Code::DeadlineExceeded,
+        FailureKind::Model(_) | FailureKind::TooManyRounds(_) => Code::ModelError,
+        FailureKind::ModelDidNotCharge => Code::ModelDidNotCharge,
+        // An amount conflict was answered above: what is left is the database.
+        FailureKind::Tool(_) => Code::Unavailable,
     };
-    let mut problem = match &err.kind {
-        FailureKind::AmountConflict { existing, .. } => {
-            return Problem::new(
-                Code::AmountConflict,
-                format!("{}; nothing was charged", err.kind),
-            )
-            .with("orderCharged", true)
-            .with("receiptId", existing.id.to_string())
-            .with("chargedAmount", existing.amount.decimal())
-            .with("chargedCurrency", existing.amount.currency().code());
+    let report = ctx.charge_report(app.gateway()).await;
+    let mut problem = Problem::new(code, format!("{err}; {report}")).with("attempts", err.attempts);
+    if code == Code::Unavailable {
+        problem = problem.retry_after(1);
+    }
+    if let Some(model) = err.kind.model_error() {
+        problem = problem.with("requestAttempts", model.attempts);
+        if let Some(status) = model.kind.upstream_status() {
+            problem = problem.with("upstreamStatus", status);
         }
-        FailureKind::Model(model) => {
-            let code = match model.kind {
-                ModelErrorKind::Timeout(_) if model.stop == Some(Stop::RetriesSpent) => {
-                    Code::DeadlineExceeded
-                }
-                _ => Code::ModelError,
-            };
-            let mut problem =
-                Problem::new(code, err.to_string()).with("requestAttempts", model.attempts);
-            if let Some(status) = model.kind.upstream_status() {
-                problem = problem.with("upstreamStatus", status);
-            }
-            if let Some(wait) = model.kind.retry_after() {
-                // The provider said when it will take requests again; so do we.
-                problem = problem.retry_after(wait.as_secs().max(1));
-            }
-            problem
+        if let Some(wait) = model.kind.retry_after() {
+            // The provider said when it will take requests again; so do we.
+            problem = problem.retry_after(wait.as_secs().max(1));
         }
-        FailureKind::ModelDidNotCharge => Problem::new(Code::ModelDidNotCharge, err.to_string()),
-        FailureKind::TooManyRounds(_) => Problem::new(Code::ModelError, err.to_string()),
-        FailureKind::Store(_) => Problem::new(Code::Unavailable, err.to_string()).retry_after(1),
-        FailureKind::Timeout(_) => Problem::new(Code::DeadlineExceeded, err.to_string()),
-    };
-    problem = problem.with("attempts", err.attempts);
-    if let Some(layer) = layer {
+    }
+    if let Some(layer) = err.layer() {
         problem = problem.with("layer", layer);
     }
-    tracing::warn!(order = %ctx.order().id(), error = %err, cause = ?std::error::Error::source(&err), "checkout failed");
-    // The truth about the charge comes from the database, read outside the retried
-    // unit: an attempt cut off by a timeout may have committed its charge unseen.
-    let op = ctx.operation_key().as_str();
-    let (order_charged, charged, note, receipt_id) = match app
-        .gateway()
-        .receipt(ctx.order().id())
-        .await
-    {
-        Ok(Some(receipt)) => (
-            Some(true),
-            Some(receipt.operation_key == op),
-            format!(
-                "order {} is charged (receipt {})",
-                receipt.order_id, receipt.id
-            ),
-            Some(receipt.id),
-        ),
-        Ok(None) => (
-            Some(false),
-            Some(false),
-            "the order was not charged".to_owned(),
-            None,
-        ),
-        Err(lookup) => {
-            tracing::warn!(error = %lookup, "cannot ask the database whether the order is charged");
-            match ctx.charge_known() {
-                Some(Some(receipt)) => (
-                    Some(true),
-                    Some(true),
-                    format!("this checkout charged order {} (receipt {})", receipt.order_id, receipt.id),
-                    Some(receipt.id),
-                ),
-                Some(None) => (
-                    None,
-                    Some(false),
-                    "this checkout charged nothing: none of its charge statements reached the database".to_owned(),
-                    None,
-                ),
-                None => (
-                    None,
-                    None,
-                    format!(
-                        "whether order {} was charged is unknown until the database answers (GET /receipts/{})",
-                        ctx.order().id(),
-                        ctx.order().id()
-                    ),
-                    None,
-                ),
-            }
-        }
-    };
-    problem.detail = format!("{}; {note}", problem.detail);
-    if let Some(id) = receipt_id {
-        problem = problem.with("receiptId", id.to_string());
+    if let ChargeStatus::Charged(receipt) = &report.order {
+        problem = problem.with("receiptId", receipt.id.to_string());
     }
     problem
-        .with("orderCharged", order_charged)
-        .with("charged", charged)
+        .with("orderCharged", report.order.known())
+        .with("charged", report.this_checkout.known())
 }
 
 /// JSON unless the client prefers `text/plain`.
