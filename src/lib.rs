@@ -9,6 +9,7 @@ pub mod http;
 pub mod idempotency;
 pub mod model;
 pub mod payments;
+pub mod retry;
 pub mod telemetry;
 
 use std::future::Future;

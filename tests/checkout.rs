@@ -404,6 +404,54 @@ async fn the_openapi_document_describes_every_field_and_error() {
     assert!(ui.text().contains("swagger"), "{}", ui.text());
 }
 
+/// The served OpenAPI document is pinned in `tests/snapshots/openapi.json`: a change to
+/// the HTTP contract shows here as a diff, to be read and then committed.
+#[tokio::test]
+async fn the_served_openapi_document_matches_its_snapshot() {
+    const SNAPSHOT: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/snapshots/openapi.json");
+    let h = Harness::start(Backend::Sqlite).await;
+    let served = h.get("/api-docs/openapi.json").await.json();
+    let served = serde_json::to_string_pretty(&served).unwrap() + "\n";
+    if std::env::var_os("UPDATE_SNAPSHOTS").is_some() {
+        std::fs::write(SNAPSHOT, &served).unwrap();
+    }
+    let pinned = std::fs::read_to_string(SNAPSHOT).unwrap_or_default();
+    if served != pinned {
+        panic!(
+            "/api-docs/openapi.json differs from {SNAPSHOT} (- pinned, + served):\n{}\nIf the change is meant, update the snapshot and commit it:\n    UPDATE_SNAPSHOTS=1 cargo test --test checkout the_served_openapi_document_matches_its_snapshot",
+            line_diff(&pinned, &served)
+        );
+    }
+}
+
+/// The lines between the common head and the common tail of two texts, with 3 lines of
+/// context: enough to read one change to a document.
+fn line_diff(old: &str, new: &str) -> String {
+    let (old, new): (Vec<&str>, Vec<&str>) = (old.lines().collect(), new.lines().collect());
+    let head = old.iter().zip(&new).take_while(|(a, b)| a == b).count();
+    let tail = old[head..]
+        .iter()
+        .rev()
+        .zip(new[head..].iter().rev())
+        .take_while(|(a, b)| a == b)
+        .count();
+    let context = head.saturating_sub(3);
+    let mut diff = String::new();
+    for line in &old[context..head] {
+        diff += &format!("  {line}\n");
+    }
+    for line in &old[head..old.len() - tail] {
+        diff += &format!("- {line}\n");
+    }
+    for line in &new[head..new.len() - tail] {
+        diff += &format!("+ {line}\n");
+    }
+    for line in new[new.len() - tail..].iter().take(3) {
+        diff += &format!("  {line}\n");
+    }
+    diff
+}
+
 both_backends!(
     fifty_concurrent_checkouts_of_one_order_make_one_receipt,
     |backend| async move {

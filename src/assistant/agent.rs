@@ -12,7 +12,7 @@ use tracing::Instrument;
 use super::context::{CheckoutContext, LoopRequest};
 use super::error::{CheckoutError, FailureKind};
 use super::prompts;
-use super::tools::{ToolBox, ToolFailure};
+use super::tools::ToolBox;
 use crate::model::ModelClient;
 use crate::model::wire::{ChatRequest, Message};
 use crate::payments::Receipt;
@@ -78,7 +78,7 @@ impl Service<LoopRequest> for AgentLoop {
                 inner
                     .run(&request.ctx, request.attempt)
                     .await
-                    .map_err(|kind| Box::new(CheckoutError::new(kind, request.attempt)) as BoxError)
+                    .map_err(|kind| Box::new(CheckoutError::new(kind)) as BoxError)
             }
             .instrument(span),
         )
@@ -147,14 +147,7 @@ impl Inner {
                 tool_calls: calls.clone(),
             });
             for call in calls {
-                let output = Box::pin(self.tools.dispatch(ctx, &call))
-                    .await
-                    .map_err(|err| match err {
-                        ToolFailure::AmountConflict { existing, asked } => {
-                            FailureKind::AmountConflict { existing, asked }
-                        }
-                        ToolFailure::Store(err) => FailureKind::Store(err),
-                    })?;
+                let output = Box::pin(self.tools.dispatch(ctx, &call)).await?;
                 if output.receipt.is_some() {
                     receipt = output.receipt;
                 }

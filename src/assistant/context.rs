@@ -1,6 +1,7 @@
+use std::fmt;
 use std::sync::{Arc, Mutex};
 
-use crate::payments::{ChargeKey, OperationKey, Order, Receipt};
+use crate::payments::{ChargeKey, OperationKey, Order, OrderId, PaymentGateway, Receipt};
 
 /// Everything one checkout carries through every retried unit: the order the client
 /// authorized and the keys the handler made for it before anything was retried.
@@ -71,14 +72,113 @@ impl CheckoutContext {
         state.in_doubt = false;
     }
 
-    /// What this checkout knows of its charge, without asking the database: charged
-    /// (with the receipt), not charged, or unknown (`None`).
-    pub fn charge_known(&self) -> Option<Option<Receipt>> {
+    /// What this checkout's charge calls saw, without asking the database: the order
+    /// charged (the receipt they got back, whichever operation made it), not charged by
+    /// them, or unknown (a statement may have taken effect unseen).
+    pub fn charge_status(&self) -> ChargeStatus {
         let state = self.charge_state();
         match (&state.receipt, state.in_doubt) {
-            (Some(receipt), _) => Some(Some(receipt.clone())),
-            (None, false) => Some(None),
-            (None, true) => None,
+            (Some(receipt), _) => ChargeStatus::Charged(receipt.clone()),
+            (None, false) => ChargeStatus::NotCharged,
+            (None, true) => ChargeStatus::Unknown,
+        }
+    }
+
+    /// Whether the order is charged, and by this checkout, once its retries are over: from
+    /// the database, read outside every retried unit (an attempt cut off by a timeout may
+    /// have committed its charge unseen); from what the attempts saw when the database
+    /// cannot be asked.
+    pub async fn charge_report(&self, gateway: &PaymentGateway) -> ChargeReport {
+        let order = self.order().id().clone();
+        let by_us = |receipt: &Receipt| {
+            if receipt.operation_key == self.operation_key().as_str() {
+                ChargeStatus::Charged(receipt.clone())
+            } else {
+                ChargeStatus::NotCharged
+            }
+        };
+        match gateway.receipt(&order).await {
+            Ok(Some(receipt)) => ChargeReport {
+                this_checkout: by_us(&receipt),
+                order: ChargeStatus::Charged(receipt),
+                order_id: order,
+            },
+            Ok(None) => ChargeReport {
+                order: ChargeStatus::NotCharged,
+                this_checkout: ChargeStatus::NotCharged,
+                order_id: order,
+            },
+            Err(err) => {
+                tracing::warn!(error = %err, "cannot ask the database whether the order is charged");
+                match self.charge_status() {
+                    ChargeStatus::Charged(receipt) => ChargeReport {
+                        this_checkout: by_us(&receipt),
+                        order: ChargeStatus::Charged(receipt),
+                        order_id: order,
+                    },
+                    // Another operation may have charged it meanwhile.
+                    ChargeStatus::NotCharged => ChargeReport {
+                        order: ChargeStatus::Unknown,
+                        this_checkout: ChargeStatus::NotCharged,
+                        order_id: order,
+                    },
+                    ChargeStatus::Unknown => ChargeReport {
+                        order: ChargeStatus::Unknown,
+                        this_checkout: ChargeStatus::Unknown,
+                        order_id: order,
+                    },
+                }
+            }
+        }
+    }
+}
+
+/// Whether a charge happened, as far as can be told.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum ChargeStatus {
+    Charged(Receipt),
+    NotCharged,
+    /// A charge statement may have taken effect, and the database cannot be asked.
+    Unknown,
+}
+
+impl ChargeStatus {
+    /// `Some(true)`, `Some(false)`, or `None` when unknown.
+    pub fn known(&self) -> Option<bool> {
+        match self {
+            ChargeStatus::Charged(_) => Some(true),
+            ChargeStatus::NotCharged => Some(false),
+            ChargeStatus::Unknown => None,
+        }
+    }
+}
+
+/// An order's charge after a checkout that did not confirm one.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ChargeReport {
+    order_id: OrderId,
+    /// The order, charged by any operation.
+    pub order: ChargeStatus,
+    /// This checkout's part: charged means this operation made the charge.
+    pub this_checkout: ChargeStatus,
+}
+
+impl fmt::Display for ChargeReport {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let order = &self.order_id;
+        match (&self.order, &self.this_checkout) {
+            (ChargeStatus::Charged(receipt), _) => {
+                write!(f, "order {order} is charged (receipt {})", receipt.id)
+            }
+            (ChargeStatus::NotCharged, _) => write!(f, "the order was not charged"),
+            (ChargeStatus::Unknown, ChargeStatus::NotCharged) => write!(
+                f,
+                "this checkout charged nothing: none of its charge statements reached the database"
+            ),
+            (ChargeStatus::Unknown, _) => write!(
+                f,
+                "whether order {order} was charged is unknown until the database answers (GET /receipts/{order})"
+            ),
         }
     }
 }

@@ -1,51 +1,42 @@
-use std::fmt;
 use std::time::Duration;
 
+use tower::BoxError;
+
+use super::tools::ToolFailure;
 use crate::db::StoreError;
-use crate::model::ModelError;
-use crate::payments::{Money, Receipt};
+use crate::model::{ModelError, ModelErrorKind};
+use crate::payments::{ChargeError, Receipt};
+use crate::retry::{Retried, Stop, Unit};
 
 /// A checkout that did not end in a confirmed charge, after the loop retry had its say.
-#[derive(Debug)]
-pub struct CheckoutError {
-    pub kind: FailureKind,
-    /// Loop attempts made, the failed one included.
-    pub attempts: u32,
-    /// Why the loop retry stopped (unset until it has seen the error).
-    pub stop: Option<LoopStop>,
-}
+pub type CheckoutError = Retried<FailureKind>;
 
+/// Why one run of the loop failed. Each layer below nests whole: a model round's error
+/// as the request retry left it, a tool's as the tool gave it.
 #[derive(Debug, thiserror::Error)]
 pub enum FailureKind {
     #[error(transparent)]
-    Model(ModelError),
+    Model(#[from] ModelError),
     #[error("the model finished without charging the order")]
     ModelDidNotCharge,
     #[error("the model was still calling tools after {0} rounds")]
     TooManyRounds(u32),
-    #[error("order {} was already charged {}, not {asked}", .existing.order_id, .existing.amount)]
-    AmountConflict { existing: Receipt, asked: Money },
     #[error(transparent)]
-    Store(StoreError),
+    Tool(#[from] ToolFailure),
     #[error("the assistant loop did not finish within {} ms", .0.as_millis())]
     Timeout(Duration),
 }
 
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum LoopStop {
-    NotRetryable,
-    RetriesSpent,
-    /// `CHECKOUT_LOOP_MAX_RETRIES` is 0.
-    Off,
-}
+impl Unit for FailureKind {
+    const LAYER: &'static str = "loop retry";
+    const TRY: &'static str = "loop attempt";
 
-impl CheckoutError {
-    pub fn new(kind: FailureKind, attempt: u32) -> Self {
-        CheckoutError {
-            kind,
-            attempts: attempt,
-            stop: None,
-        }
+    fn timed_out(after: Duration) -> Self {
+        FailureKind::Timeout(after)
+    }
+
+    fn foreign(err: &BoxError) -> Self {
+        unreachable!("the loop fails only with CheckoutError or the loop timeout: {err}")
     }
 }
 
@@ -54,7 +45,6 @@ impl FailureKind {
     /// could not mend, a database that did not answer. Never a refusal by the model
     /// provider (4xx), a model that would not charge, or an amount conflict.
     pub fn is_retryable(&self) -> bool {
-        use crate::model::error::{ModelErrorKind, Stop};
         match self {
             FailureKind::Timeout(_) => true,
             FailureKind::Model(err) => match err.stop {
@@ -63,38 +53,65 @@ impl FailureKind {
                 // of the loop is a fresh conversation, which may well go right.
                 _ => matches!(err.kind, ModelErrorKind::Malformed(_)),
             },
-            FailureKind::Store(err) => err.is_transient(),
-            FailureKind::ModelDidNotCharge
-            | FailureKind::TooManyRounds(_)
-            | FailureKind::AmountConflict { .. } => false,
+            FailureKind::Tool(_) => self.store_error().is_some_and(StoreError::is_transient),
+            FailureKind::ModelDidNotCharge | FailureKind::TooManyRounds(_) => false,
         }
     }
-}
 
-impl fmt::Display for CheckoutError {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(f, "{}", self.kind)?;
-        let attempts = self.attempts;
-        let plural = if attempts == 1 { "" } else { "s" };
-        match self.stop {
-            None => Ok(()),
-            Some(LoopStop::NotRetryable) => write!(
-                f,
-                "; the loop retry does not repeat this failure ({attempts} loop attempt{plural})"
-            ),
-            Some(LoopStop::RetriesSpent) => {
-                write!(
-                    f,
-                    "; the loop retry gave up after {attempts} loop attempt{plural}"
-                )
+    /// The receipt of the order's earlier charge, when the checkout failed because that
+    /// charge was of another amount.
+    pub fn amount_conflict(&self) -> Option<&Receipt> {
+        match self {
+            FailureKind::Tool(ToolFailure::Charge(ChargeError::AmountConflict {
+                existing,
+                ..
+            })) => Some(existing),
+            _ => None,
+        }
+    }
+
+    /// The database error a tool ran into.
+    pub fn store_error(&self) -> Option<&StoreError> {
+        match self {
+            FailureKind::Tool(ToolFailure::Charge(ChargeError::Store(err))) => Some(err),
+            _ => None,
+        }
+    }
+
+    /// The model round's error, as the request retry left it.
+    pub fn model_error(&self) -> Option<&ModelError> {
+        match self {
+            FailureKind::Model(err) => Some(err),
+            _ => None,
+        }
+    }
+
+    /// Time ran out: the loop timeout, or a model request's timeout after its retries.
+    pub fn is_deadline(&self) -> bool {
+        match self {
+            FailureKind::Timeout(_) => true,
+            FailureKind::Model(err) => {
+                matches!(err.kind, ModelErrorKind::Timeout(_))
+                    && err.stop == Some(Stop::RetriesSpent)
             }
-            Some(LoopStop::Off) => write!(f, "; the loop retry is off"),
+            _ => false,
         }
     }
 }
 
-impl std::error::Error for CheckoutError {
-    fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
-        std::error::Error::source(&self.kind)
+impl CheckoutError {
+    /// The layer that gave up: `loop retry` when its retries were spent, else the layer
+    /// under it that ended the checkout (`request retry`, `loop timeout`); `None` when
+    /// no retry or timeout layer was involved (an amount conflict, a model that did not
+    /// charge).
+    pub fn layer(&self) -> Option<&'static str> {
+        if self.stop == Some(Stop::RetriesSpent) {
+            return Some(FailureKind::LAYER);
+        }
+        match self.kind {
+            FailureKind::Model(_) => Some(ModelErrorKind::LAYER),
+            FailureKind::Timeout(_) => Some("loop timeout"),
+            _ => None,
+        }
     }
 }

@@ -12,12 +12,13 @@ use tower::util::BoxCloneSyncService;
 use tower::{BoxError, ServiceBuilder, ServiceExt};
 
 pub use agent::{AgentLoop, CheckoutOutcome, LoopLimits};
+pub use context::{ChargeReport, ChargeStatus};
 
 /// The longest model answer asked for: a tool call or a sentence needs under a hundred
 /// tokens; a small model pushed to call a tool has rambled for thousands.
 pub const MAX_TOKENS: u32 = 512;
 pub use context::{CheckoutContext, LoopRequest};
-pub use error::{CheckoutError, FailureKind, LoopStop};
+pub use error::{CheckoutError, FailureKind};
 pub use retry::{LoopRetry, LoopRetrySettings};
 pub use tools::ToolBox;
 

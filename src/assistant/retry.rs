@@ -13,8 +13,8 @@ use tower::util::rng::HasherRng;
 
 use super::agent::CheckoutOutcome;
 use super::context::LoopRequest;
-use super::error::{CheckoutError, FailureKind, LoopStop};
-use crate::model::retry::jittered_backoff;
+use super::error::CheckoutError;
+use crate::retry::{Stop, jittered_backoff};
 
 #[derive(Clone, Debug)]
 pub struct LoopRetrySettings {
@@ -50,28 +50,17 @@ impl Policy<LoopRequest, CheckoutOutcome, BoxError> for LoopRetry {
         result: &mut Result<CheckoutOutcome, BoxError>,
     ) -> Option<Self::Future> {
         let err = result.as_mut().err()?;
-        if !err.is::<CheckoutError>() {
-            let kind = if err.is::<tower::timeout::error::Elapsed>() {
-                FailureKind::Timeout(self.timeout)
-            } else {
-                unreachable!("the loop fails only with CheckoutError or the loop timeout: {err}")
-            };
-            *err = Box::new(CheckoutError::new(kind, request.attempt));
-        }
-        let failure = err
-            .downcast_mut::<CheckoutError>()
-            .expect("the error was just made a CheckoutError");
-        failure.attempts = request.attempt;
+        let failure = CheckoutError::adopt(err, self.timeout, request.attempt);
         if !failure.kind.is_retryable() {
-            failure.stop = Some(LoopStop::NotRetryable);
+            failure.stop = Some(Stop::NotRetryable);
             return None;
         }
         if self.max_retries == 0 {
-            failure.stop = Some(LoopStop::Off);
+            failure.stop = Some(Stop::Off);
             return None;
         }
         if request.attempt > self.max_retries {
-            failure.stop = Some(LoopStop::RetriesSpent);
+            failure.stop = Some(Stop::RetriesSpent);
             return None;
         }
         request.attempt += 1;

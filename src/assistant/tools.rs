@@ -9,19 +9,17 @@ use serde_json::json;
 
 use super::arguments::{ChargeArguments, Refusal};
 use super::context::CheckoutContext;
-use crate::db::StoreError;
 use crate::model::wire::{FunctionSpec, ToolCall, ToolSpec};
-use crate::payments::{ChargeError, Money, Order, PaymentGateway, Receipt};
+use crate::payments::{ChargeError, Order, PaymentGateway, Receipt};
 
 pub const CHARGE: &str = "charge";
 
 /// A tool call that cannot go on: the loop stops with this, the model is not asked again.
+/// A tool adds its own error here, whole.
 #[derive(Debug, thiserror::Error)]
 pub enum ToolFailure {
-    #[error("order {} was already charged {}, not {asked}", .existing.order_id, .existing.amount)]
-    AmountConflict { existing: Receipt, asked: Money },
     #[error(transparent)]
-    Store(StoreError),
+    Charge(#[from] ChargeError),
 }
 
 /// What a tool call produced.
@@ -89,16 +87,9 @@ impl ToolBox {
             .gateway
             .charge(ctx.charge_key(), order.amount(), ctx.operation_key())
             .await
-            .map_err(|err| match err {
-                ChargeError::AmountConflict { existing, asked } => {
+            .inspect_err(|err| {
+                if err.charged_nothing() {
                     ctx.charge_not_sent(doubt_before);
-                    ToolFailure::AmountConflict { existing, asked }
-                }
-                ChargeError::Store(err) => {
-                    if err.never_sent() {
-                        ctx.charge_not_sent(doubt_before);
-                    }
-                    ToolFailure::Store(err)
                 }
             })?;
         let receipt = charged.receipt;
@@ -156,7 +147,7 @@ fn refused(reason: String) -> ToolOutput {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::payments::{Currency, OrderId};
+    use crate::payments::{Currency, Money, OrderId};
 
     #[test]
     fn a_refused_charge_says_what_was_wrong_and_which_call_is_accepted() {

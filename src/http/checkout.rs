@@ -1,68 +1,140 @@
 //! `POST /checkout`: validate, make the keys, run the assistant, answer.
 
-use axum::body::Bytes;
-use axum::extract::rejection::{BytesRejection, QueryRejection};
-use axum::extract::{Extension, Query, State};
-use axum::http::{HeaderMap, StatusCode, header};
+use std::collections::BTreeMap;
+
+use axum::extract::{Extension, FromRequestParts, State};
+use axum::http::request::Parts;
+use axum::http::{StatusCode, header};
 use axum::response::{IntoResponse, Response};
 use serde::{Deserialize, Serialize};
 use serde_json::value::RawValue;
-use utoipa::{IntoParams, ToSchema};
+use utoipa::openapi::schema::{ObjectBuilder, OneOfBuilder, Schema, SchemaType, Type};
+use utoipa::openapi::{RefOr, Response as DocResponse};
+use utoipa::{IntoParams, IntoResponses, PartialSchema, ToSchema};
 
-use super::error::{Code, Problem, ProblemBody};
-use super::{Answer, AppState, ReceiptView, idempotent};
-use crate::assistant::{CheckoutContext, CheckoutError, CheckoutOutcome, FailureKind, LoopStop};
-use crate::idempotency::Caller;
-use crate::model::{ModelErrorKind, Stop};
+use super::error::{Code, Problem, documented};
+use super::extract::{JsonBody, Params};
+use super::idempotent::{self, IdempotencyKey};
+use super::{Answer, AppState, ReceiptView};
+use crate::assistant::{
+    ChargeStatus, CheckoutContext, CheckoutError, CheckoutOutcome, FailureKind,
+};
+use crate::idempotency::{Caller, Fingerprint};
 use crate::payments::money::json_decimal;
 use crate::payments::{Currency, Money, OperationKey, Order, OrderId};
 
-pub const IDEMPOTENCY_KEY: &str = "idempotency-key";
+/// A plain decimal above zero with at most 3 minor digits: no sign, no exponent, no
+/// separators. How many minor digits, and how large, depend on the currency and the
+/// settings, which a pattern cannot say. (The derive macros take only string literals, so
+/// the query parameter repeats it.)
+const AMOUNT_PATTERN: &str =
+    "^(0*[1-9][0-9]*(\\.[0-9]{1,3})?|0+\\.([1-9][0-9]{0,2}|0[1-9][0-9]?|00[1-9]))$";
 
 /// The order to charge, as query parameters (as in the article:
 /// `POST /checkout?orderId=A-100&amount=42.50`).
 #[derive(Deserialize, IntoParams)]
 #[into_params(parameter_in = Query)]
 #[serde(deny_unknown_fields)]
-#[allow(dead_code)]
 pub struct CheckoutQuery {
     /// The order id: 1–64 of `A-Z a-z 0-9 . _ : -`, starting with a letter or digit.
     /// Required here or in the JSON body.
-    #[param(example = "A-100")]
+    #[param(
+        example = "A-100",
+        min_length = 1,
+        max_length = 64,
+        pattern = "^[A-Za-z0-9][A-Za-z0-9._:-]{0,63}$"
+    )]
     #[serde(rename = "orderId")]
     order_id: Option<String>,
-    /// The amount, a decimal > 0 with at most the currency's minor digits.
+    /// The amount, a decimal > 0 with at most the currency's minor digits (0 for JPY and
+    /// KRW, 3 for BHD and KWD, 2 for the others), at most the configured maximum.
     /// Required here or in the JSON body.
-    #[param(example = "42.50")]
+    #[param(
+        example = "42.50",
+        pattern = "^(0*[1-9][0-9]*(\\.[0-9]{1,3})?|0+\\.([1-9][0-9]{0,2}|0[1-9][0-9]?|00[1-9]))$"
+    )]
     amount: Option<String>,
-    /// ISO 4217 code; `USD` when not given.
-    #[param(example = "USD")]
+    #[param(schema_with = currency_schema)]
     currency: Option<String>,
 }
 
-/// The order to charge, as a JSON body (instead of, or agreeing with, the query).
-#[derive(ToSchema)]
+/// The order to charge, as a JSON body (instead of, or agreeing with, the query). An
+/// empty object, or no body, leaves the query parameters to say it.
+#[derive(Default, Deserialize, ToSchema)]
+#[serde(deny_unknown_fields, rename_all = "camelCase")]
 #[schema(example = json!({"orderId": "A-100", "amount": "42.50", "currency": "USD"}))]
-#[allow(dead_code)]
 pub struct CheckoutBody {
     /// The order id: 1–64 of `A-Z a-z 0-9 . _ : -`, starting with a letter or digit.
-    #[schema(rename = "orderId", example = "A-100")]
-    order_id: String,
-    /// The amount as a decimal string (`"42.50"`) or a JSON number (`42.50`), read exactly.
-    #[schema(example = "42.50")]
-    amount: String,
-    /// ISO 4217 code; `USD` when not given.
-    #[schema(example = "USD")]
+    #[schema(
+        example = "A-100",
+        min_length = 1,
+        max_length = 64,
+        pattern = "^[A-Za-z0-9][A-Za-z0-9._:-]{0,63}$"
+    )]
+    order_id: Option<String>,
+    amount: Option<JsonAmount>,
+    #[schema(schema_with = nullable_currency_schema)]
     currency: Option<String>,
 }
 
+/// The amount as a decimal string (`"42.50"`) or a JSON number (`42.50`), kept as written:
+/// a number is read from its digits, never through a float.
 #[derive(Deserialize)]
-#[serde(deny_unknown_fields)]
-struct BodyFields {
-    #[serde(rename = "orderId")]
-    order_id: Option<String>,
-    amount: Option<Box<RawValue>>,
-    currency: Option<String>,
+#[serde(transparent)]
+pub struct JsonAmount(Box<RawValue>);
+
+impl PartialSchema for JsonAmount {
+    fn schema() -> RefOr<Schema> {
+        OneOfBuilder::new()
+            .item(
+                ObjectBuilder::new()
+                    .schema_type(Type::String)
+                    .pattern(Some(AMOUNT_PATTERN)),
+            )
+            .item(
+                // Read from its digits: a number written with an exponent (`1e3`) is
+                // refused, so the largest a client prints without one is the bound.
+                ObjectBuilder::new()
+                    .schema_type(Type::Number)
+                    .exclusive_minimum(Some(0.0))
+                    .maximum(Some(1e12))
+                    .multiple_of(Some(0.001)),
+            )
+            .description(Some(
+                "A decimal > 0 with at most the currency's minor digits, as a string or a JSON number, read exactly",
+            ))
+            .examples([serde_json::json!("42.50")])
+            .into()
+    }
+}
+
+impl ToSchema for JsonAmount {}
+
+/// The currencies taken, from the list the handler checks against.
+fn currency_schema() -> Schema {
+    currency_schema_of(false)
+}
+
+/// In the body, `null` is as good as leaving the currency out.
+fn nullable_currency_schema() -> Schema {
+    currency_schema_of(true)
+}
+
+fn currency_schema_of(nullable: bool) -> Schema {
+    let schema_type = if nullable {
+        SchemaType::from_iter([Type::String, Type::Null])
+    } else {
+        Type::String.into()
+    };
+    let codes = Currency::codes().map(serde_json::Value::from);
+    ObjectBuilder::new()
+        .schema_type(schema_type)
+        .enum_values(Some(
+            codes.chain(nullable.then_some(serde_json::Value::Null)),
+        ))
+        .description(Some("ISO 4217 code; `USD` when not given"))
+        .examples([serde_json::json!("USD")])
+        .into()
 }
 
 /// A confirmed checkout.
@@ -88,16 +160,110 @@ pub struct CheckoutResponse {
     pub operation_key: String,
 }
 
+/// The error answers of `POST /checkout`, each status with an example of each code.
+pub struct CheckoutErrors;
+
+impl IntoResponses for CheckoutErrors {
+    fn responses() -> BTreeMap<String, RefOr<DocResponse>> {
+        let receipt = "0193a8f0-5f2c-7cc1-9d7e-3c1a2b4d5e6f";
+        let failed = |code, detail: &str, charged: bool| {
+            let mut problem = Problem::new(code, detail);
+            problem.body.attempts = Some(1);
+            problem.body.order_charged = Some(Some(charged));
+            problem.body.charged = Some(Some(charged));
+            if charged {
+                problem.body.receipt_id = Some(receipt.to_owned());
+            }
+            problem
+        };
+        let mut conflict = Problem::new(
+            Code::AmountConflict,
+            "order A-100 was already charged 42.50 USD, not 43.00 USD; nothing was charged",
+        );
+        conflict.body.order_charged = Some(Some(true));
+        conflict.body.receipt_id = Some(receipt.to_owned());
+        conflict.body.charged_amount = Some("42.50".to_owned());
+        conflict.body.charged_currency = Some("USD".to_owned());
+        let mut model_error = failed(
+            Code::ModelError,
+            "the model provider answered 503 server_error: overloaded; the request retry gave up after 3 requests; the loop retry gave up after 3 loop attempts; the order was not charged",
+            false,
+        );
+        model_error.body.attempts = Some(3);
+        model_error.body.request_attempts = Some(3);
+        model_error.body.upstream_status = Some(503);
+        model_error.body.layer = Some("loop retry".to_owned());
+        let mut unavailable = failed(
+            Code::Unavailable,
+            "the database did not answer: pool timed out while waiting for an open connection; the loop retry gave up after 3 loop attempts; whether order A-100 was charged is unknown until the database answers (GET /receipts/A-100)",
+            false,
+        );
+        unavailable.body.attempts = Some(3);
+        unavailable.body.layer = Some("loop retry".to_owned());
+        unavailable.body.order_charged = Some(None);
+        unavailable.body.charged = Some(None);
+        let mut deadline = failed(
+            Code::DeadlineExceeded,
+            "the model provider did not answer within 10000 ms; the request retry gave up after 3 requests; the loop retry is off; order A-100 is charged (receipt 0193a8f0-5f2c-7cc1-9d7e-3c1a2b4d5e6f)",
+            true,
+        );
+        deadline.body.request_attempts = Some(3);
+        deadline.body.layer = Some("request retry".to_owned());
+        documented([
+            (
+                "Invalid input (`invalid_request`, with `field`); nothing was charged",
+                vec![Problem::invalid(
+                    "amount",
+                    "amount 1.234 has more than 2 digit(s) after the decimal point, the most USD allows",
+                )],
+            ),
+            (
+                "`amount_conflict`: the order was charged another amount; or `in_flight`: the same Idempotency-Key is still running (see Retry-After)",
+                vec![
+                    conflict,
+                    Problem::new(
+                        Code::InFlight,
+                        "a request with Idempotency-Key \"order-A-100\" is still being processed; retry after it finishes",
+                    ),
+                ],
+            ),
+            (
+                "`key_reuse`: the Idempotency-Key was used with another order or amount",
+                vec![Problem::new(
+                    Code::KeyReuse,
+                    "Idempotency-Key \"order-A-100\" was first used for another request (another order, amount or currency); a new request needs a new key",
+                )],
+            ),
+            (
+                "`model_error`: the model provider failed after retries; `model_did_not_charge`: the model finished without charging",
+                vec![
+                    model_error,
+                    failed(
+                        Code::ModelDidNotCharge,
+                        "the model finished without charging the order; the loop retry does not repeat this failure (1 loop attempt); the order was not charged",
+                        false,
+                    ),
+                ],
+            ),
+            (
+                "`unavailable`: the database could not be reached (see Retry-After)",
+                vec![unavailable],
+            ),
+            (
+                "`deadline_exceeded`: the checkout timed out after retries",
+                vec![deadline],
+            ),
+        ])
+    }
+}
+
 #[utoipa::path(
     post,
     path = "/checkout",
     tag = "checkout",
     summary = "Charge an order through the checkout assistant",
     description = "Runs the assistant loop: the model calls the `charge` tool, the gateway charges the order once (keyed by the order id), the model confirms. Give the order as query parameters or as a JSON body; a field given in both must agree. Send `Accept: text/plain` for the confirmation sentence alone.",
-    params(
-        CheckoutQuery,
-        ("Idempotency-Key" = Option<String>, Header, description = "Makes a retried POST safe to send: the same key with the same order replays the first answer. A structured-field string (`\"k-1\"`) or a bare token, 1–255 printable ASCII characters."),
-    ),
+    params(CheckoutQuery, IdempotencyKey),
     request_body(
         content = Option<CheckoutBody>,
         content_type = "application/json",
@@ -112,35 +278,32 @@ pub struct CheckoutResponse {
             (CheckoutResponse = "application/json"),
             (String = "text/plain", example = "Your payment of 42.50 USD for order A-100 went through; your receipt is 0193a8f0-5f2c-7cc1-9d7e-3c1a2b4d5e6f.")
         )),
-        (status = 400, description = "Invalid input (`invalid_request`, with `field`); nothing was charged", body = ProblemBody, content_type = "application/problem+json"),
-        (status = 409, description = "`amount_conflict`: the order was charged another amount; or `in_flight`: the same Idempotency-Key is still running (see Retry-After)", body = ProblemBody, content_type = "application/problem+json"),
-        (status = 422, description = "`key_reuse`: the Idempotency-Key was used with another order or amount", body = ProblemBody, content_type = "application/problem+json"),
-        (status = 502, description = "`model_error`: the model provider failed after retries; `model_did_not_charge`: the model finished without charging", body = ProblemBody, content_type = "application/problem+json"),
-        (status = 503, description = "`unavailable`: the database could not be reached (see Retry-After)", body = ProblemBody, content_type = "application/problem+json"),
-        (status = 504, description = "`deadline_exceeded`: the checkout timed out after retries", body = ProblemBody, content_type = "application/problem+json"),
+        CheckoutErrors,
     )
 )]
 pub async fn checkout(
     State(app): State<AppState>,
     caller: Option<Extension<Caller>>,
-    headers: HeaderMap,
-    query: Result<Query<CheckoutQuery>, QueryRejection>,
-    body: Result<Bytes, BytesRejection>,
+    format: Format,
+    IdempotencyKey(client_key): IdempotencyKey,
+    Params(query): Params<CheckoutQuery>,
+    JsonBody(body): JsonBody<CheckoutBody>,
 ) -> Response {
-    // The request is read whole before anything waits: the headers and the body are
-    // dropped here, not held for the seconds the model takes.
-    let (order, client_key, format) =
-        match read_request(&headers, query, body, app.settings().max_amount) {
-            Ok(parts) => parts,
-            Err(problem) => return problem.into_response(),
-        };
-    drop(headers);
+    let order = match order(query, body, app.settings().max_amount) {
+        Ok(order) => order,
+        Err(problem) => return problem.into_response(),
+    };
     match client_key {
         Some(key) => {
             let scope = caller.map(|Extension(c)| c.0).unwrap_or_default();
-            // Boxed, like the failure path below: a handler future is as large as its
-            // largest branch, and thousands of checkouts wait at once.
-            Box::pin(idempotent::checkout(app, scope, key, order, format)).await
+            let fingerprint = Fingerprint::of_checkout(&order);
+            let work = {
+                let (app, key) = (app.clone(), key.clone());
+                async move { run(&app, order, key, format).await }
+            };
+            // Boxed, like the failure path: a handler future is as large as its largest
+            // branch, and thousands of checkouts wait at once.
+            Box::pin(idempotent::once(&app, &scope, &key, &fingerprint, work)).await
         }
         None => {
             let operation_key = OperationKey::mint();
@@ -151,19 +314,55 @@ pub async fn checkout(
     }
 }
 
-/// The order, the client's Idempotency-Key and the answer's format, or the 400.
-fn read_request(
-    headers: &HeaderMap,
-    query: Result<Query<CheckoutQuery>, QueryRejection>,
-    body: Result<Bytes, BytesRejection>,
-    max_amount: u64,
-) -> Result<(Order, Option<OperationKey>, Format), Problem> {
-    let body = body.map_err(|err| {
-        Problem::invalid("body", format!("cannot read the body: {}", err.body_text()))
+/// The order from the query and the body, field by field. A field given in both must
+/// have the same value in both.
+fn order(query: CheckoutQuery, body: CheckoutBody, max_amount: u64) -> Result<Order, Problem> {
+    let body_amount = body
+        .amount
+        .map(|JsonAmount(raw)| json_decimal(&raw).ok_or(()))
+        .transpose()
+        .map_err(|()| {
+            Problem::invalid("amount", "amount must be a decimal string or a JSON number")
+        })?;
+    let order_id = one_of("orderId", query.order_id, body.order_id)?.ok_or_else(|| {
+        Problem::invalid(
+            "orderId",
+            "orderId is required, as a query parameter or in the JSON body",
+        )
     })?;
-    let order = read_order(headers, query, &body, max_amount)?;
-    let client_key = idempotency_key(headers)?;
-    Ok((order, client_key, Format::from_accept(headers)))
+    let order_id = OrderId::parse(&order_id)
+        .map_err(|err| Problem::invalid("orderId", format!("orderId {err}")))?;
+    let currency = match one_of("currency", query.currency, body.currency)? {
+        Some(code) => Currency::parse(&code)
+            .map_err(|err| Problem::invalid("currency", format!("currency: {err}")))?,
+        None => Currency::USD,
+    };
+    let amount = one_of("amount", query.amount, body_amount)?.ok_or_else(|| {
+        Problem::invalid(
+            "amount",
+            "amount is required, as a query parameter or in the JSON body",
+        )
+    })?;
+    let amount = Money::parse(&amount, currency)
+        .and_then(|m| m.at_most(max_amount))
+        .map_err(|err| Problem::invalid("amount", format!("amount {err}")))?;
+    Ok(Order::new(order_id, amount))
+}
+
+fn one_of(
+    field: &str,
+    query: Option<String>,
+    body: Option<String>,
+) -> Result<Option<String>, Problem> {
+    match (query, body) {
+        (Some(q), Some(b)) if q != b => Err(Problem::invalid(
+            field,
+            format!(
+                "{field} is {q:?} in the query but {b:?} in the body; give it once, or the same in both"
+            ),
+        )),
+        (q, b) => Ok(q.or(b)),
+    }
 }
 
 /// Runs one checkout to its answer. Everything retried happens inside `assistant`.
@@ -209,112 +408,49 @@ fn success(ctx: &CheckoutContext, outcome: CheckoutOutcome, format: Format) -> A
 
 /// The error answer, saying which layer gave up and whether the order is charged.
 async fn failure(app: &AppState, ctx: &CheckoutContext, err: CheckoutError) -> Problem {
-    let layer = if err.stop == Some(LoopStop::RetriesSpent) {
-        Some("loop retry")
-    } else {
-        match err.kind {
-            FailureKind::Model(_) => Some("request retry"),
-            FailureKind::Timeout(_) => Some("loop timeout"),
-            _ => None,
-        }
-    };
-    let mut problem = match &err.kind {
-        FailureKind::AmountConflict { existing, .. } => {
-            return Problem::new(
-                Code::AmountConflict,
-                format!("{}; nothing was charged", err.kind),
-            )
-            .with("orderCharged", true)
-            .with("receiptId", existing.id.to_string())
-            .with("chargedAmount", existing.amount.decimal())
-            .with("chargedCurrency", existing.amount.currency().code());
-        }
-        FailureKind::Model(model) => {
-            let code = match model.kind {
-                ModelErrorKind::Timeout(_) if model.stop == Some(Stop::RetriesSpent) => {
-                    Code::DeadlineExceeded
-                }
-                _ => Code::ModelError,
-            };
-            let mut problem =
-                Problem::new(code, err.to_string()).with("requestAttempts", model.attempts);
-            if let Some(status) = model.kind.upstream_status() {
-                problem = problem.with("upstreamStatus", status);
-            }
-            if let Some(wait) = model.kind.retry_after() {
-                // The provider said when it will take requests again; so do we.
-                problem = problem.retry_after(wait.as_secs().max(1));
-            }
-            problem
-        }
-        FailureKind::ModelDidNotCharge => Problem::new(Code::ModelDidNotCharge, err.to_string()),
-        FailureKind::TooManyRounds(_) => Problem::new(Code::ModelError, err.to_string()),
-        FailureKind::Store(_) => Problem::new(Code::Unavailable, err.to_string()).retry_after(1),
-        FailureKind::Timeout(_) => Problem::new(Code::DeadlineExceeded, err.to_string()),
-    };
-    problem = problem.with("attempts", err.attempts);
-    if let Some(layer) = layer {
-        problem = problem.with("layer", layer);
-    }
     tracing::warn!(order = %ctx.order().id(), error = %err, cause = ?std::error::Error::source(&err), "checkout failed");
-    // The truth about the charge comes from the database, read outside the retried
-    // unit: an attempt cut off by a timeout may have committed its charge unseen.
-    let op = ctx.operation_key().as_str();
-    let (order_charged, charged, note, receipt_id) = match app
-        .gateway()
-        .receipt(ctx.order().id())
-        .await
-    {
-        Ok(Some(receipt)) => (
-            Some(true),
-            Some(receipt.operation_key == op),
-            format!(
-                "order {} is charged (receipt {})",
-                receipt.order_id, receipt.id
-            ),
-            Some(receipt.id),
-        ),
-        Ok(None) => (
-            Some(false),
-            Some(false),
-            "the order was not charged".to_owned(),
-            None,
-        ),
-        Err(lookup) => {
-            tracing::warn!(error = %lookup, "cannot ask the database whether the order is charged");
-            match ctx.charge_known() {
-                Some(Some(receipt)) => (
-                    Some(true),
-                    Some(true),
-                    format!("this checkout charged order {} (receipt {})", receipt.order_id, receipt.id),
-                    Some(receipt.id),
-                ),
-                Some(None) => (
-                    None,
-                    Some(false),
-                    "this checkout charged nothing: none of its charge statements reached the database".to_owned(),
-                    None,
-                ),
-                None => (
-                    None,
-                    None,
-                    format!(
-                        "whether order {} was charged is unknown until the database answers (GET /receipts/{})",
-                        ctx.order().id(),
-                        ctx.order().id()
-                    ),
-                    None,
-                ),
-            }
-        }
-    };
-    problem.detail = format!("{}; {note}", problem.detail);
-    if let Some(id) = receipt_id {
-        problem = problem.with("receiptId", id.to_string());
+    if let Some(existing) = err.kind.amount_conflict() {
+        let mut problem = Problem::new(
+            Code::AmountConflict,
+            format!("{}; nothing was charged", err.kind),
+        );
+        let body = &mut problem.body;
+        body.order_charged = Some(Some(true));
+        body.receipt_id = Some(existing.id.to_string());
+        body.charged_amount = Some(existing.amount.decimal());
+        body.charged_currency = Some(existing.amount.currency().code().to_owned());
+        return problem;
     }
+    let code = match &err.kind {
+        FailureKind::Timeout(_) => Code::DeadlineExceeded,
+        FailureKind::Model(_) if err.kind.is_deadline() => Code::DeadlineExceeded,
+        FailureKind::Model(_) | FailureKind::TooManyRounds(_) => Code::ModelError,
+        FailureKind::ModelDidNotCharge => Code::ModelDidNotCharge,
+        // An amount conflict was answered above: what is left is the database.
+        FailureKind::Tool(_) => Code::Unavailable,
+    };
+    let report = ctx.charge_report(app.gateway()).await;
+    let mut problem = Problem::new(code, format!("{err}; {report}"));
+    if code == Code::Unavailable {
+        problem = problem.retry_after(1);
+    }
+    if let Some(wait) = err.kind.model_error().and_then(|m| m.kind.retry_after()) {
+        // The provider said when it will take requests again; so do we.
+        problem = problem.retry_after(wait.as_secs().max(1));
+    }
+    let body = &mut problem.body;
+    body.attempts = Some(err.attempts);
+    if let Some(model) = err.kind.model_error() {
+        body.request_attempts = Some(model.attempts);
+        body.upstream_status = model.kind.upstream_status();
+    }
+    body.layer = err.layer().map(str::to_owned);
+    if let ChargeStatus::Charged(receipt) = &report.order {
+        body.receipt_id = Some(receipt.id.to_string());
+    }
+    body.order_charged = Some(report.order.known());
+    body.charged = Some(report.this_checkout.known());
     problem
-        .with("orderCharged", order_charged)
-        .with("charged", charged)
 }
 
 /// JSON unless the client prefers `text/plain`.
@@ -324,8 +460,16 @@ pub enum Format {
     Text,
 }
 
+impl<S: Send + Sync> FromRequestParts<S> for Format {
+    type Rejection = std::convert::Infallible;
+
+    async fn from_request_parts(parts: &mut Parts, _: &S) -> Result<Self, Self::Rejection> {
+        Ok(Format::from_accept(&parts.headers))
+    }
+}
+
 impl Format {
-    pub fn from_accept(headers: &HeaderMap) -> Format {
+    pub fn from_accept(headers: &axum::http::HeaderMap) -> Format {
         let Some(accept) = headers.get(header::ACCEPT).and_then(|v| v.to_str().ok()) else {
             return Format::Json;
         };
@@ -355,166 +499,10 @@ impl Format {
     }
 }
 
-/// Reads the order from the query and the body, field by field. A field given in both
-/// must have the same value in both.
-fn read_order(
-    headers: &HeaderMap,
-    query: Result<Query<CheckoutQuery>, QueryRejection>,
-    body: &Bytes,
-    max_amount: u64,
-) -> Result<Order, Problem> {
-    let Query(query) = query.map_err(|err| Problem::invalid("query", err.body_text()))?;
-    let body = if body.is_empty() {
-        None
-    } else {
-        let content_type = headers
-            .get(header::CONTENT_TYPE)
-            .and_then(|v| v.to_str().ok())
-            .unwrap_or("");
-        let media = content_type
-            .split(';')
-            .next()
-            .unwrap_or("")
-            .trim()
-            .to_ascii_lowercase();
-        if media != "application/json" && !media.ends_with("+json") {
-            return Err(Problem::invalid(
-                "Content-Type",
-                format!(
-                    "a request body must be application/json, not {:?}; or send the order as query parameters",
-                    content_type
-                ),
-            ));
-        }
-        let fields: BodyFields = serde_json::from_slice(body).map_err(|err| {
-            Problem::invalid("body", format!("the body is not a checkout: {err}"))
-        })?;
-        Some(fields)
-    };
-    let (body_order, body_amount, body_currency) = match body {
-        Some(b) => {
-            let amount = b
-                .amount
-                .map(|raw| json_decimal(&raw).ok_or(()))
-                .transpose()
-                .map_err(|_| {
-                    Problem::invalid("amount", "amount must be a decimal string or a JSON number")
-                })?;
-            (b.order_id, amount, b.currency)
-        }
-        None => (None, None, None),
-    };
-    let order_id = one_of("orderId", query.order_id, body_order)?.ok_or_else(|| {
-        Problem::invalid(
-            "orderId",
-            "orderId is required, as a query parameter or in the JSON body",
-        )
-    })?;
-    let order_id = OrderId::parse(&order_id)
-        .map_err(|err| Problem::invalid("orderId", format!("orderId {err}")))?;
-    let currency = match one_of("currency", query.currency, body_currency)? {
-        Some(code) => Currency::parse(&code)
-            .map_err(|err| Problem::invalid("currency", format!("currency: {err}")))?,
-        None => Currency::USD,
-    };
-    let amount = one_of("amount", query.amount, body_amount)?.ok_or_else(|| {
-        Problem::invalid(
-            "amount",
-            "amount is required, as a query parameter or in the JSON body",
-        )
-    })?;
-    let amount = Money::parse(&amount, currency)
-        .and_then(|m| m.at_most(max_amount))
-        .map_err(|err| Problem::invalid("amount", format!("amount {err}")))?;
-    Ok(Order::new(order_id, amount))
-}
-
-fn one_of(
-    field: &str,
-    query: Option<String>,
-    body: Option<String>,
-) -> Result<Option<String>, Problem> {
-    match (query, body) {
-        (Some(q), Some(b)) if q != b => Err(Problem::invalid(
-            field,
-            format!(
-                "{field} is {q:?} in the query but {b:?} in the body; give it once, or the same in both"
-            ),
-        )),
-        (q, b) => Ok(q.or(b)),
-    }
-}
-
-/// The client's `Idempotency-Key`: a structured-field string (`"…"`, RFC 8941) as the
-/// IETF draft has it, or a bare token, which many clients send.
-fn idempotency_key(headers: &HeaderMap) -> Result<Option<OperationKey>, Problem> {
-    let mut values = headers.get_all(IDEMPOTENCY_KEY).iter();
-    let Some(value) = values.next() else {
-        return Ok(None);
-    };
-    let invalid = |detail: String| Problem::invalid("Idempotency-Key", detail);
-    if values.next().is_some() {
-        return Err(invalid(
-            "send one Idempotency-Key header, not several".into(),
-        ));
-    }
-    let text = value
-        .to_str()
-        .map_err(|_| invalid("Idempotency-Key may hold only printable ASCII".into()))?
-        .trim();
-    let key = match text.strip_prefix('"') {
-        Some(rest) => {
-            let inner = rest.strip_suffix('"').ok_or_else(|| {
-                invalid("Idempotency-Key starts a quoted string but does not end it".into())
-            })?;
-            let mut key = String::with_capacity(inner.len());
-            let mut chars = inner.chars();
-            while let Some(c) = chars.next() {
-                match c {
-                    '\\' => {
-                        match chars.next() {
-                            Some(escaped @ ('"' | '\\')) => key.push(escaped),
-                            _ => return Err(invalid(
-                                "Idempotency-Key has a bad escape; only \\\" and \\\\ are allowed"
-                                    .into(),
-                            )),
-                        }
-                    }
-                    '"' => return Err(invalid("Idempotency-Key has an unescaped quote".into())),
-                    c => key.push(c),
-                }
-            }
-            key
-        }
-        None => text.to_owned(),
-    };
-    OperationKey::from_client(&key)
-        .map(Some)
-        .map_err(|err| invalid(format!("Idempotency-Key {err}")))
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
-    use axum::http::HeaderValue;
-
-    fn with_key(value: &str) -> HeaderMap {
-        let mut headers = HeaderMap::new();
-        headers.insert(IDEMPOTENCY_KEY, HeaderValue::from_str(value).unwrap());
-        headers
-    }
-
-    #[test]
-    fn idempotency_keys_are_sf_strings_or_tokens() {
-        let key = |v: &str| idempotency_key(&with_key(v)).map(|k| k.unwrap().to_string());
-        assert_eq!(key("\"k-1\"").unwrap(), "k-1");
-        assert_eq!(key("\"a \\\"b\\\" \\\\c\"").unwrap(), "a \"b\" \\c");
-        assert_eq!(key("k-1").unwrap(), "k-1");
-        assert!(key("\"open").is_err());
-        assert!(key("\"\"").is_err());
-        assert!(key(&"x".repeat(256)).is_err());
-        assert!(idempotency_key(&HeaderMap::new()).unwrap().is_none());
-    }
+    use axum::http::{HeaderMap, HeaderValue};
 
     #[test]
     fn accept_picks_text_only_when_preferred() {

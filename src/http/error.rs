@@ -1,17 +1,22 @@
-//! Errors as `application/problem+json` (RFC 9457), with a stable `code`.
+//! Errors as `application/problem+json` (RFC 9457), with a stable `code`. The body is one
+//! typed struct: what the OpenAPI document shows is what the serializer writes.
+
+use std::collections::BTreeMap;
 
 use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
 use serde::Serialize;
-use serde_json::{Map, Value};
 use utoipa::ToSchema;
+use utoipa::openapi::example::ExampleBuilder;
+use utoipa::openapi::{ContentBuilder, Ref, RefOr, ResponseBuilder};
 
 use super::Answer;
 
 pub const PROBLEM_JSON: &str = "application/problem+json";
 
 /// The stable error codes of the HTTP contract.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, ToSchema)]
+#[serde(rename_all = "snake_case")]
 pub enum Code {
     InvalidRequest,
     AmountConflict,
@@ -49,7 +54,7 @@ impl Code {
         )
     }
 
-    fn status(self) -> StatusCode {
+    pub fn status(self) -> StatusCode {
         match self {
             Code::InvalidRequest => StatusCode::BAD_REQUEST,
             Code::AmountConflict | Code::InFlight => StatusCode::CONFLICT,
@@ -78,25 +83,9 @@ impl Code {
     }
 }
 
-/// An error answer. Build with [`Problem::new`], add members, return it.
-#[derive(Debug, Clone)]
-pub struct Problem {
-    pub code: Code,
-    pub detail: String,
-    members: Map<String, Value>,
-    retry_after: Option<u64>,
-}
-
-/// The body of every error answer (documented in the OpenAPI document).
-#[derive(Serialize, ToSchema)]
-#[schema(example = json!({
-    "type": "urn:checkout:problem:invalid_request",
-    "title": "The request is invalid",
-    "status": 400,
-    "detail": "amount 1.234 has more than 2 digit(s) after the decimal point, the most USD allows",
-    "code": "invalid_request",
-    "field": "amount"
-}))]
+/// The body of every error answer.
+#[derive(Clone, Debug, Serialize, ToSchema)]
+#[serde(rename_all = "camelCase")]
 pub struct ProblemBody {
     /// `urn:checkout:problem:<code>`.
     #[serde(rename = "type")]
@@ -105,9 +94,7 @@ pub struct ProblemBody {
     pub status: u16,
     /// What went wrong, for a person.
     pub detail: String,
-    /// `invalid_request`, `amount_conflict`, `in_flight`, `key_reuse`, `model_error`,
-    /// `model_did_not_charge`, `unavailable`, `deadline_exceeded`, `not_found`.
-    pub code: String,
+    pub code: Code,
     /// For `invalid_request`: the field, parameter or header at fault.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub field: Option<String>,
@@ -115,41 +102,72 @@ pub struct ProblemBody {
     #[serde(skip_serializing_if = "Option::is_none")]
     pub attempts: Option<u32>,
     /// For model failures: requests sent for the round that failed.
-    #[serde(rename = "requestAttempts", skip_serializing_if = "Option::is_none")]
+    #[serde(skip_serializing_if = "Option::is_none")]
     pub request_attempts: Option<u32>,
-    /// For checkout failures: the retry layer that gave up (`request retry`, `loop retry`).
+    /// For checkout failures: the layer that gave up (`request retry`, `loop retry`,
+    /// `loop timeout`).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub layer: Option<String>,
     /// For model failures: the provider's HTTP status.
-    #[serde(rename = "upstreamStatus", skip_serializing_if = "Option::is_none")]
+    #[serde(skip_serializing_if = "Option::is_none")]
     pub upstream_status: Option<u16>,
-    /// For checkout failures: whether the order is charged (null: unknown, the database
-    /// could not be asked).
-    #[serde(rename = "orderCharged", skip_serializing_if = "Option::is_none")]
-    pub order_charged: Option<bool>,
+    /// For checkout failures and `amount_conflict`: whether the order is charged, by any
+    /// operation (`null`: unknown, the database could not be asked).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    #[schema(value_type = Option<bool>)]
+    pub order_charged: Option<Option<bool>>,
+    /// For checkout failures: whether this operation made the charge (`null`: unknown, a
+    /// charge statement may have reached the database unseen).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    #[schema(value_type = Option<bool>)]
+    pub charged: Option<Option<bool>>,
     /// For checkout failures and `amount_conflict`: the order's receipt, when charged.
-    #[serde(rename = "receiptId", skip_serializing_if = "Option::is_none")]
+    #[serde(skip_serializing_if = "Option::is_none")]
     pub receipt_id: Option<String>,
+    /// For `amount_conflict`: the amount the order was charged.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub charged_amount: Option<String>,
+    /// For `amount_conflict`: the currency the order was charged in.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub charged_currency: Option<String>,
+}
+
+/// An error answer. Build with [`Problem::new`], fill in `body`, return it.
+#[derive(Debug, Clone)]
+pub struct Problem {
+    pub body: Box<ProblemBody>,
+    retry_after: Option<u64>,
 }
 
 impl Problem {
     pub fn new(code: Code, detail: impl Into<String>) -> Self {
         Problem {
-            code,
-            detail: detail.into(),
-            members: Map::new(),
+            body: Box::new(ProblemBody {
+                kind: format!("urn:checkout:problem:{}", code.as_str()),
+                title: code.title().to_owned(),
+                status: code.status().as_u16(),
+                detail: detail.into(),
+                code,
+                field: None,
+                attempts: None,
+                request_attempts: None,
+                layer: None,
+                upstream_status: None,
+                order_charged: None,
+                charged: None,
+                receipt_id: None,
+                charged_amount: None,
+                charged_currency: None,
+            }),
             retry_after: None,
         }
     }
 
     /// A 400 naming the field, parameter or header at fault.
     pub fn invalid(field: &str, detail: impl Into<String>) -> Self {
-        Problem::new(Code::InvalidRequest, detail).with("field", field)
-    }
-
-    pub fn with(mut self, name: &str, value: impl Into<Value>) -> Self {
-        self.members.insert(name.to_owned(), value.into());
-        self
+        let mut problem = Problem::new(Code::InvalidRequest, detail);
+        problem.body.field = Some(field.to_owned());
+        problem
     }
 
     pub fn retry_after(mut self, seconds: u64) -> Self {
@@ -157,36 +175,20 @@ impl Problem {
         self
     }
 
-    pub fn status(&self) -> StatusCode {
-        self.code.status()
+    pub fn code(&self) -> Code {
+        self.body.code
     }
 
-    pub fn body(&self) -> Value {
-        let mut body = Map::new();
-        body.insert(
-            "type".into(),
-            format!("urn:checkout:problem:{}", self.code.as_str()).into(),
-        );
-        body.insert("title".into(), self.code.title().into());
-        body.insert("status".into(), self.status().as_u16().into());
-        body.insert("detail".into(), self.detail.clone().into());
-        body.insert("code".into(), self.code.as_str().into());
-        for (name, value) in &self.members {
-            body.insert(name.clone(), value.clone());
-        }
-        Value::Object(body)
-    }
-}
-
-impl Problem {
     /// The answer to send (and, for final outcomes, to save for replay).
     pub fn answer(self) -> Answer {
-        if self.status().is_server_error() {
-            tracing::error!(code = self.code.as_str(), detail = %self.detail, "request failed");
+        let code = self.code();
+        if code.status().is_server_error() {
+            tracing::error!(code = code.as_str(), detail = %self.body.detail, "request failed");
         }
-        let mut answer = Answer::new(self.status(), PROBLEM_JSON, self.body().to_string());
+        let body = serde_json::to_vec(&self.body).expect("a problem always serializes");
+        let mut answer = Answer::new(code.status(), PROBLEM_JSON, body);
         answer.retry_after = self.retry_after;
-        answer.final_outcome = self.code.is_final();
+        answer.final_outcome = code.is_final();
         answer
     }
 }
@@ -195,4 +197,34 @@ impl IntoResponse for Problem {
     fn into_response(self) -> Response {
         self.answer().into_response()
     }
+}
+
+/// The error answers of one endpoint, for its OpenAPI document: per status a description
+/// and one example per code, each example a [`Problem`] serialized as it is sent.
+pub fn documented(
+    statuses: impl IntoIterator<Item = (&'static str, Vec<Problem>)>,
+) -> BTreeMap<String, RefOr<utoipa::openapi::Response>> {
+    statuses
+        .into_iter()
+        .map(|(description, examples)| {
+            let status = examples[0].code().status().as_u16().to_string();
+            let content = ContentBuilder::new()
+                .schema(Some(Ref::from_schema_name("ProblemBody")))
+                .examples_from_iter(examples.into_iter().map(|problem| {
+                    let example = ExampleBuilder::new()
+                        .summary(problem.code().as_str())
+                        .value(Some(
+                            serde_json::to_value(&problem.body).expect("a problem serializes"),
+                        ))
+                        .build();
+                    (problem.code().as_str(), example)
+                }))
+                .build();
+            let response = ResponseBuilder::new()
+                .description(description)
+                .content(PROBLEM_JSON, content)
+                .build();
+            (status, RefOr::T(response))
+        })
+        .collect()
 }

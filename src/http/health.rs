@@ -7,7 +7,12 @@ use serde::Serialize;
 use utoipa::ToSchema;
 
 use super::AppState;
-use super::error::{Code, Problem, ProblemBody};
+use std::collections::BTreeMap;
+
+use utoipa::IntoResponses;
+use utoipa::openapi::{RefOr, Response as DocResponse};
+
+use super::error::{Code, Problem, documented};
 
 #[derive(Serialize, ToSchema)]
 pub struct Live {
@@ -51,6 +56,28 @@ pub async fn live() -> Json<Live> {
     Json(Live { status: "live" })
 }
 
+pub struct NotReady;
+
+impl IntoResponses for NotReady {
+    fn responses() -> BTreeMap<String, RefOr<DocResponse>> {
+        documented([(
+            "`unavailable`: the database does not answer",
+            vec![not_ready(
+                "postgres",
+                "pool timed out while waiting for an open connection",
+            )],
+        )])
+    }
+}
+
+fn not_ready(database: &str, err: impl std::fmt::Display) -> Problem {
+    Problem::new(
+        Code::Unavailable,
+        format!("the {database} database does not answer: {err}"),
+    )
+    .retry_after(1)
+}
+
 #[utoipa::path(
     get,
     path = "/health/ready",
@@ -58,7 +85,7 @@ pub async fn live() -> Json<Live> {
     summary = "The database answers; names the model provider in use",
     responses(
         (status = 200, body = Ready),
-        (status = 503, description = "`unavailable`: the database does not answer", body = ProblemBody, content_type = "application/problem+json"),
+        NotReady,
     )
 )]
 pub async fn ready(State(app): State<AppState>) -> Response {
@@ -69,11 +96,6 @@ pub async fn ready(State(app): State<AppState>) -> Response {
             model: app.model_info().clone(),
         })
         .into_response(),
-        Err(err) => Problem::new(
-            Code::Unavailable,
-            format!("the {} database does not answer: {err}", app.db().kind()),
-        )
-        .retry_after(1)
-        .into_response(),
+        Err(err) => not_ready(app.db().kind(), err).into_response(),
     }
 }

@@ -1,40 +1,131 @@
-//! `POST /checkout` with an `Idempotency-Key`: replay a finished answer, refuse a key
-//! reused for another request or still running, or run the checkout under a lease.
+//! The `Idempotency-Key` header, and running a piece of work once per key: replay a
+//! finished answer, refuse a key reused for another request or still running, or run the
+//! work under a lease. Knows nothing of what the work is; a handler hands it a future.
 
 use std::time::Duration;
 
+use axum::extract::FromRequestParts;
 use axum::http::HeaderValue;
+use axum::http::request::Parts;
 use axum::response::{IntoResponse, Response};
 use tracing::Instrument;
+use utoipa::IntoParams;
+use utoipa::openapi::path::{Parameter, ParameterBuilder, ParameterIn};
+use utoipa::openapi::{ObjectBuilder, Required, Type};
 
-use super::checkout::{Format, run};
 use super::error::{Code, Problem};
 use super::{Answer, AppState};
 use crate::idempotency::{self, Begin, Fingerprint, Lease, RecordStore, Saved};
-use crate::payments::{OperationKey, Order};
+use crate::payments::OperationKey;
 
+pub const HEADER: &str = "idempotency-key";
 pub const REPLAYED: &str = "idempotent-replayed";
 
-pub async fn checkout(
-    app: AppState,
-    scope: String,
-    key: OperationKey,
-    order: Order,
-    format: Format,
+/// What the header may hold, as [`IdempotencyKey`] reads it: a bare token of printable
+/// ASCII, or a structured-field string whose content (`\"` and `\\` escaped) is that.
+const PATTERN: &str = r#"^([!#-~]([ -~]{0,253}[!-~])?|"([ !#-\[\]-~]|\\["\\]){1,255}")$"#;
+
+/// The client's `Idempotency-Key`, if it sent one: a structured-field string (`"…"`,
+/// RFC 8941) as the IETF draft has it, or a bare token, which many clients send.
+#[derive(Debug)]
+pub struct IdempotencyKey(pub Option<OperationKey>);
+
+impl<S: Send + Sync> FromRequestParts<S> for IdempotencyKey {
+    type Rejection = Problem;
+
+    async fn from_request_parts(parts: &mut Parts, _: &S) -> Result<Self, Problem> {
+        let mut values = parts.headers.get_all(HEADER).iter();
+        let Some(value) = values.next() else {
+            return Ok(IdempotencyKey(None));
+        };
+        let invalid = |detail: String| Problem::invalid("Idempotency-Key", detail);
+        if values.next().is_some() {
+            return Err(invalid(
+                "send one Idempotency-Key header, not several".into(),
+            ));
+        }
+        let text = value
+            .to_str()
+            .map_err(|_| invalid("Idempotency-Key may hold only printable ASCII".into()))?
+            .trim();
+        let key = match text.strip_prefix('"') {
+            Some(rest) => {
+                let inner = rest.strip_suffix('"').ok_or_else(|| {
+                    invalid("Idempotency-Key starts a quoted string but does not end it".into())
+                })?;
+                let mut key = String::with_capacity(inner.len());
+                let mut chars = inner.chars();
+                while let Some(c) = chars.next() {
+                    match c {
+                        '\\' => match chars.next() {
+                            Some(escaped @ ('"' | '\\')) => key.push(escaped),
+                            _ => {
+                                return Err(invalid(
+                                    "Idempotency-Key has a bad escape; only \\\" and \\\\ are allowed"
+                                        .into(),
+                                ));
+                            }
+                        },
+                        '"' => {
+                            return Err(invalid("Idempotency-Key has an unescaped quote".into()));
+                        }
+                        c => key.push(c),
+                    }
+                }
+                key
+            }
+            None => text.to_owned(),
+        };
+        OperationKey::from_client(&key)
+            .map(|key| IdempotencyKey(Some(key)))
+            .map_err(|err| invalid(format!("Idempotency-Key {err}")))
+    }
+}
+
+impl IntoParams for IdempotencyKey {
+    fn into_params(_: impl Fn() -> Option<ParameterIn>) -> Vec<Parameter> {
+        let schema = ObjectBuilder::new()
+            .schema_type(Type::String)
+            .min_length(Some(1))
+            .pattern(Some(PATTERN))
+            .examples([serde_json::json!("\"order-A-100\"")]);
+        vec![
+            ParameterBuilder::new()
+                .name("Idempotency-Key")
+                .parameter_in(ParameterIn::Header)
+                .required(Required::False)
+                .description(Some(
+                    "Makes a retried POST safe to send: the same key with the same order replays the first answer. A structured-field string (`\"k-1\"`) or a bare token, 1–255 printable ASCII characters.",
+                ))
+                .schema(Some(schema))
+                .build(),
+        ]
+    }
+}
+
+/// Runs `work` once for `key`: the first request with the key runs it and saves a final
+/// answer; a repeat with the same `fingerprint` gets that answer back, byte for byte.
+pub async fn once(
+    app: &AppState,
+    scope: &str,
+    key: &OperationKey,
+    fingerprint: &Fingerprint,
+    work: impl Future<Output = Answer> + Send + 'static,
 ) -> Response {
     let settings = app.settings();
-    let fingerprint = Fingerprint::of_checkout(&order);
     let begun = idempotency::begin(
         app.records(),
-        &scope,
+        scope,
         key.as_str(),
-        &fingerprint,
+        fingerprint,
         settings.idempotency_lease,
         settings.idempotency_ttl,
     )
     .await;
     match begun {
-        Ok(Begin::Owner(lease)) => detached(owned(app, lease, key, order, format)).await.into_response(),
+        Ok(Begin::Owner(lease)) => detached(owned(app.clone(), lease, work))
+            .await
+            .into_response(),
         Ok(Begin::Replay(saved)) => replay(saved),
         Ok(Begin::Mismatch) => Problem::new(
             Code::KeyReuse,
@@ -62,31 +153,24 @@ pub async fn checkout(
     }
 }
 
-/// Runs the checkout in a task of its own, so that it finishes (and its answer is saved)
+/// Runs the work in a task of its own, so that it finishes (and its answer is saved)
 /// even when the client goes away or the server timeout gives up on the connection.
 pub async fn detached(work: impl Future<Output = Answer> + Send + 'static) -> Answer {
     match tokio::spawn(work.in_current_span()).await {
         Ok(answer) => answer,
-        Err(err) => Problem::new(
-            Code::Unavailable,
-            format!("the checkout task failed: {err}"),
-        )
-        .answer(),
+        Err(err) => Problem::new(Code::Unavailable, format!("the task failed: {err}")).answer(),
     }
 }
 
-/// The checkout under our lease: renewed while it runs, then the answer saved (a final
+/// The work under our lease: renewed while it runs, then the answer saved (a final
 /// outcome) or the lease released (a transient failure: the key stays usable).
 async fn owned(
     app: AppState,
     lease: Lease,
-    key: OperationKey,
-    order: Order,
-    format: Format,
+    work: impl Future<Output = Answer> + Send + 'static,
 ) -> Answer {
     let records = app.records().clone();
     let lease_for = app.settings().idempotency_lease;
-    let work = run(&app, order, key, format);
     let renew = async {
         let mut tick = tokio::time::interval(lease_for / 3);
         tick.tick().await;
@@ -122,12 +206,12 @@ async fn owned(
     match outcome {
         Ok(true) => {}
         // A zombie: our lease lapsed and another instance took the key over. Its record
-        // stands; the charge key made sure this run charged nothing twice.
+        // stands; the work's own keys made sure this run did nothing twice.
         Ok(false) => {
             tracing::warn!(key = %lease.key, fence = lease.fence, "the Idempotency-Key was taken over; this run's answer was not saved")
         }
         Err(err) => {
-            tracing::warn!(key = %lease.key, error = %err, "cannot save the answer of an Idempotency-Key; a retry runs the checkout again, and the charge key keeps that safe")
+            tracing::warn!(key = %lease.key, error = %err, "cannot save the answer of an Idempotency-Key; a retry runs the work again, and its own keys keep that safe")
         }
     }
     answer
@@ -146,4 +230,35 @@ fn replay(saved: Saved) -> Response {
 
 fn whole_seconds(d: Duration) -> u64 {
     d.as_millis().div_ceil(1000).max(1) as u64
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use axum::http::Request;
+
+    async fn key(value: Option<&str>) -> Result<Option<String>, Problem> {
+        let mut request = Request::builder();
+        if let Some(value) = value {
+            request = request.header(HEADER, value);
+        }
+        let (mut parts, ()) = request.body(()).unwrap().into_parts();
+        IdempotencyKey::from_request_parts(&mut parts, &())
+            .await
+            .map(|IdempotencyKey(key)| key.map(|k| k.to_string()))
+    }
+
+    #[tokio::test]
+    async fn idempotency_keys_are_sf_strings_or_tokens() {
+        assert_eq!(key(Some("\"k-1\"")).await.unwrap().unwrap(), "k-1");
+        assert_eq!(
+            key(Some("\"a \\\"b\\\" \\\\c\"")).await.unwrap().unwrap(),
+            "a \"b\" \\c"
+        );
+        assert_eq!(key(Some("k-1")).await.unwrap().unwrap(), "k-1");
+        assert!(key(Some("\"open")).await.is_err());
+        assert!(key(Some("\"\"")).await.is_err());
+        assert!(key(Some(&"x".repeat(256))).await.is_err());
+        assert!(key(None).await.unwrap().is_none());
+    }
 }

@@ -2,6 +2,7 @@
 
 pub mod checkout;
 pub mod error;
+pub mod extract;
 pub mod health;
 pub mod idempotent;
 pub mod receipts;
@@ -168,6 +169,7 @@ impl From<&Receipt> for ReceiptView {
         title = "checkout",
         description = "An AI assistant takes a payment through a tool-calling loop; no retry, at any level, charges an order twice."
     ),
+    components(schemas(error::ProblemBody)),
     tags(
         (name = "checkout", description = "Charge orders and read receipts"),
         (name = "health", description = "Liveness and readiness"),

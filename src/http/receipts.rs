@@ -3,21 +3,57 @@
 use axum::extract::{Path, State};
 use axum::response::{IntoResponse, Response};
 
-use super::error::{Code, Problem, ProblemBody};
+use std::collections::BTreeMap;
+
+use utoipa::IntoResponses;
+use utoipa::openapi::{RefOr, Response as DocResponse};
+
+use super::error::{Code, Problem, documented};
 use super::{AppState, ReceiptView};
 use crate::payments::OrderId;
+
+pub struct ReceiptErrors;
+
+impl IntoResponses for ReceiptErrors {
+    fn responses() -> BTreeMap<String, RefOr<DocResponse>> {
+        documented([
+            (
+                "`invalid_request`: not a valid order id",
+                vec![Problem::invalid(
+                    "orderId",
+                    "orderId must start with a letter or a digit",
+                )],
+            ),
+            (
+                "`not_found`: the order has not been charged",
+                vec![Problem::new(
+                    Code::NotFound,
+                    "order A-100 has no receipt: it has not been charged",
+                )],
+            ),
+            (
+                "`unavailable`: the database could not be reached",
+                vec![unavailable(
+                    "pool timed out while waiting for an open connection",
+                )],
+            ),
+        ])
+    }
+}
+
+fn unavailable(err: impl std::fmt::Display) -> Problem {
+    Problem::new(Code::Unavailable, format!("cannot read the receipt: {err}")).retry_after(1)
+}
 
 #[utoipa::path(
     get,
     path = "/receipts/{orderId}",
     tag = "checkout",
     summary = "The receipt of a charged order",
-    params(("orderId" = String, Path, description = "The order id", example = "A-100")),
+    params(("orderId" = String, Path, description = "The order id: 1–64 of `A-Z a-z 0-9 . _ : -`, starting with a letter or digit", example = "A-100", min_length = 1, max_length = 64, pattern = "^[A-Za-z0-9][A-Za-z0-9._:-]{0,63}$")),
     responses(
         (status = 200, description = "The order is charged", body = ReceiptView),
-        (status = 400, description = "`invalid_request`: not a valid order id", body = ProblemBody, content_type = "application/problem+json"),
-        (status = 404, description = "`not_found`: the order has not been charged", body = ProblemBody, content_type = "application/problem+json"),
-        (status = 503, description = "`unavailable`: the database could not be reached", body = ProblemBody, content_type = "application/problem+json"),
+        ReceiptErrors,
     )
 )]
 pub async fn get_receipt(State(app): State<AppState>, Path(order_id): Path<String>) -> Response {
@@ -32,8 +68,6 @@ pub async fn get_receipt(State(app): State<AppState>, Path(order_id): Path<Strin
             format!("order {order_id} has no receipt: it has not been charged"),
         )
         .into_response(),
-        Err(err) => Problem::new(Code::Unavailable, format!("cannot read the receipt: {err}"))
-            .retry_after(1)
-            .into_response(),
+        Err(err) => unavailable(err).into_response(),
     }
 }

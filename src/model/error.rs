@@ -1,15 +1,12 @@
-use std::fmt;
 use std::time::Duration;
 
+use tower::BoxError;
+
+pub use crate::retry::Stop;
+use crate::retry::{Retried, Unit};
+
 /// One chat-completions round that failed, after the request retry had its say.
-#[derive(Debug)]
-pub struct ModelError {
-    pub kind: ModelErrorKind,
-    /// HTTP requests sent for this round, retries included.
-    pub attempts: u32,
-    /// Why the request retry stopped (unset until the request retry has seen the error).
-    pub stop: Option<Stop>,
-}
+pub type ModelError = Retried<ModelErrorKind>;
 
 #[derive(Debug, thiserror::Error)]
 pub enum ModelErrorKind {
@@ -28,19 +25,6 @@ pub enum ModelErrorKind {
     },
     #[error("the model provider's answer is not a chat completion: {0}")]
     Malformed(String),
-}
-
-/// Why the request retry stopped retrying.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Stop {
-    /// The failure is not one a repeat can mend (a 4xx such as a bad API key).
-    NotRetryable,
-    /// Every allowed retry was used.
-    RetriesSpent,
-    /// The retry budget shared by all requests is empty: the provider is failing broadly.
-    BudgetSpent,
-    /// The provider asked to wait longer than we are allowed to.
-    RetryAfterTooLong(Duration),
 }
 
 impl ModelErrorKind {
@@ -81,48 +65,15 @@ impl ModelErrorKind {
     }
 }
 
-impl ModelError {
-    pub fn new(kind: ModelErrorKind) -> Self {
-        ModelError {
-            kind,
-            attempts: 1,
-            stop: None,
-        }
-    }
-}
+impl Unit for ModelErrorKind {
+    const LAYER: &'static str = "request retry";
+    const TRY: &'static str = "request";
 
-impl fmt::Display for ModelError {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(f, "{}", self.kind)?;
-        let attempts = self.attempts;
-        let plural = if attempts == 1 { "" } else { "s" };
-        match self.stop {
-            None => Ok(()),
-            Some(Stop::NotRetryable) => write!(
-                f,
-                "; the request retry does not repeat this failure ({attempts} request{plural})"
-            ),
-            Some(Stop::RetriesSpent) => {
-                write!(
-                    f,
-                    "; the request retry gave up after {attempts} request{plural}"
-                )
-            }
-            Some(Stop::BudgetSpent) => write!(
-                f,
-                "; the request retry gave up after {attempts} request{plural}: the retry budget is spent"
-            ),
-            Some(Stop::RetryAfterTooLong(wait)) => write!(
-                f,
-                "; the request retry gave up after {attempts} request{plural}: Retry-After asked for {} ms, beyond the cap",
-                wait.as_millis()
-            ),
-        }
+    fn timed_out(after: Duration) -> Self {
+        ModelErrorKind::Timeout(after)
     }
-}
 
-impl std::error::Error for ModelError {
-    fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
-        std::error::Error::source(&self.kind)
+    fn foreign(err: &BoxError) -> Self {
+        ModelErrorKind::Malformed(err.to_string())
     }
 }

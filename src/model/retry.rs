@@ -8,13 +8,14 @@ use std::time::Duration;
 
 use tower::BoxError;
 use tower::retry::Policy;
-use tower::retry::backoff::{Backoff, ExponentialBackoff, ExponentialBackoffMaker, MakeBackoff};
+use tower::retry::backoff::{Backoff, ExponentialBackoff};
 use tower::retry::budget::{Budget, TpsBudget};
 use tower::util::rng::HasherRng;
 
 use super::client::ModelCall;
 use super::error::{ModelError, ModelErrorKind, Stop};
 use super::wire::ChatResponse;
+use crate::retry::jittered_backoff;
 
 /// The numbers of the request retry, from the settings.
 #[derive(Clone, Debug)]
@@ -77,14 +78,6 @@ impl RequestRetry {
     }
 }
 
-/// Exponential backoff from `min`, doubling up to `max`, each wait plus up to 100 % jitter
-/// (capped at `max`), so that retries of many requests do not arrive in step.
-pub fn jittered_backoff(min: Duration, max: Duration) -> ExponentialBackoff<HasherRng> {
-    ExponentialBackoffMaker::new(min, max.max(min), 1.0, HasherRng::default())
-        .expect("backoff bounds are checked when the settings are loaded")
-        .make_backoff()
-}
-
 impl Policy<ModelCall, ChatResponse, BoxError> for RequestRetry {
     type Future = tokio::time::Sleep;
 
@@ -98,20 +91,7 @@ impl Policy<ModelCall, ChatResponse, BoxError> for RequestRetry {
             self.budget.deposit();
         }
         let err = result.as_mut().err()?;
-        // Under `.retry(p).timeout(d)` the error is boxed: ours, or the timeout's Elapsed.
-        // Make it ours either way, so the caller always gets a ModelError with the count.
-        if !err.is::<ModelError>() {
-            let kind = if err.is::<tower::timeout::error::Elapsed>() {
-                ModelErrorKind::Timeout(self.timeout)
-            } else {
-                ModelErrorKind::Malformed(err.to_string())
-            };
-            *err = Box::new(ModelError::new(kind));
-        }
-        let model_err = err
-            .downcast_mut::<ModelError>()
-            .expect("the error was just made a ModelError");
-        model_err.attempts = self.attempts;
+        let model_err = ModelError::adopt(err, self.timeout, self.attempts);
         match self.decide(&model_err.kind) {
             Ok(retry_after) => {
                 call.attempt = self.attempts + 1;

@@ -26,6 +26,17 @@ pub enum ChargeError {
     Store(#[from] StoreError),
 }
 
+impl ChargeError {
+    /// This call provably charged nothing: the order is charged another amount, or the
+    /// statement never reached the database.
+    pub fn charged_nothing(&self) -> bool {
+        match self {
+            ChargeError::AmountConflict { .. } => true,
+            ChargeError::Store(err) => err.never_sent(),
+        }
+    }
+}
+
 impl PaymentGateway {
     pub fn new(store: Receipts) -> Self {
         PaymentGateway { store }

@@ -57,6 +57,11 @@ impl Currency {
         self.code
     }
 
+    /// The codes of every currency taken, for the API's documentation.
+    pub fn codes() -> impl Iterator<Item = &'static str> {
+        CURRENCIES.iter().map(|c| c.code)
+    }
+
     /// Number of digits after the decimal point (2 for USD, 0 for JPY, 3 for KWD).
     pub fn exponent(&self) -> u8 {
         self.exponent
