@@ -7,7 +7,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use checkout::db::{Database, PoolSettings};
-use checkout::idempotency::{self, Begin, Fingerprint, RecordStore, Records, Saved};
+use checkout::idempotency::{self, Begin, Fingerprint, Records, Saved};
 use checkout::payments::{Currency, Money, Order, OrderId};
 use common::{Backend, Harness, Reply, TestDb};
 

@@ -10,7 +10,7 @@ use tracing::Instrument;
 use super::checkout::{Format, run};
 use super::error::{Code, Problem};
 use super::{Answer, AppState};
-use crate::idempotency::{self, Begin, Fingerprint, Lease, RecordStore, Saved};
+use crate::idempotency::{self, Begin, Fingerprint, Lease, Saved};
 use crate::payments::{OperationKey, Order};
 
 pub const REPLAYED: &str = "idempotent-replayed";
