@@ -10,7 +10,8 @@ use std::time::Duration;
 use crate::assistant::LoopRetrySettings;
 use crate::db::PoolSettings;
 use crate::model::scripted::FaultRule;
-use crate::model::{ModelEndpoint, RequestRetrySettings, Secret};
+use crate::model::{ModelEndpoint, RequestRetrySettings};
+use crate::secret::Secret;
 
 pub const DEFAULT_CONFIG: &str = "config/default.toml";
 pub const OPENAI_BASE_URL: &str = "https://api.openai.com/v1";

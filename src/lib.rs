@@ -3,12 +3,15 @@
 //! benchmark drive it the same way.
 
 pub mod assistant;
+pub mod backoff;
+pub mod caller;
 pub mod config;
 pub mod db;
 pub mod http;
 pub mod idempotency;
 pub mod model;
 pub mod payments;
+pub mod secret;
 pub mod telemetry;
 
 use std::future::Future;

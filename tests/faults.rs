@@ -246,7 +246,7 @@ async fn a_bad_api_key_is_one_request_and_a_502() {
     .await
     .unwrap();
     let mut settings = common::test_settings(&db, &model);
-    settings.openai_api_key = Some(checkout::model::Secret::new("sk-wrong"));
+    settings.openai_api_key = Some(checkout::secret::Secret::new("sk-wrong"));
     let h = Harness::serve(db, model, settings).await;
     let problem = h.checkout("K-1", "1.00").await.problem(502);
     assert_eq!(problem["code"], "model_error");

@@ -14,7 +14,7 @@ use tower::util::rng::HasherRng;
 use super::agent::CheckoutOutcome;
 use super::context::LoopRequest;
 use super::error::{CheckoutError, FailureKind, LoopStop};
-use crate::model::retry::jittered_backoff;
+use crate::backoff::jittered_backoff;
 
 #[derive(Clone, Debug)]
 pub struct LoopRetrySettings {

@@ -12,7 +12,7 @@ use utoipa::{IntoParams, ToSchema};
 use super::error::{Code, Problem, ProblemBody};
 use super::{Answer, AppState, ReceiptView, idempotent};
 use crate::assistant::{CheckoutContext, CheckoutError, CheckoutOutcome, FailureKind, LoopStop};
-use crate::idempotency::Caller;
+use crate::caller::Caller;
 use crate::model::{ModelErrorKind, Stop};
 use crate::payments::money::json_decimal;
 use crate::payments::{Currency, Money, OperationKey, Order, OrderId};

@@ -18,12 +18,6 @@ pub use records::{Lease, Saved};
 use crate::db::{Database, StoreError};
 use crate::payments::Order;
 
-/// Who is calling. An authentication layer that knows the caller inserts this into the
-/// request's extensions, and keys are then scoped to it: two callers may use the same key
-/// without meeting. Without it, every request is the anonymous caller (scope `""`).
-#[derive(Clone, Debug, Default, PartialEq, Eq)]
-pub struct Caller(pub String);
-
 /// What makes two requests the same request: method, path, and the canonical order.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Fingerprint(String);

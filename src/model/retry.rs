@@ -8,13 +8,14 @@ use std::time::Duration;
 
 use tower::BoxError;
 use tower::retry::Policy;
-use tower::retry::backoff::{Backoff, ExponentialBackoff, ExponentialBackoffMaker, MakeBackoff};
+use tower::retry::backoff::{Backoff, ExponentialBackoff};
 use tower::retry::budget::{Budget, TpsBudget};
 use tower::util::rng::HasherRng;
 
-use super::client::ModelCall;
+use super::call::ModelCall;
 use super::error::{ModelError, ModelErrorKind, Stop};
 use super::wire::ChatResponse;
+use crate::backoff::jittered_backoff;
 
 /// The numbers of the request retry, from the settings.
 #[derive(Clone, Debug)]
@@ -75,14 +76,6 @@ impl RequestRetry {
         }
         Ok(kind.retry_after().unwrap_or_default())
     }
-}
-
-/// Exponential backoff from `min`, doubling up to `max`, each wait plus up to 100 % jitter
-/// (capped at `max`), so that retries of many requests do not arrive in step.
-pub fn jittered_backoff(min: Duration, max: Duration) -> ExponentialBackoff<HasherRng> {
-    ExponentialBackoffMaker::new(min, max.max(min), 1.0, HasherRng::default())
-        .expect("backoff bounds are checked when the settings are loaded")
-        .make_backoff()
 }
 
 impl Policy<ModelCall, ChatResponse, BoxError> for RequestRetry {
