@@ -77,7 +77,7 @@ async fn a_charge_of_another_amount_is_refused() {
 
 #[tokio::test]
 async fn a_model_that_refuses_every_time_never_charges() {
-    let (h, reply) = run("wrong-amount", |s| s.max_rounds = 4).await;
+    let (h, reply) = run("wrong-amount", |s| s.r#loop.max_rounds = 4).await;
     let problem = reply.problem(502);
     assert_eq!(problem["code"], "model_error");
     assert_eq!(problem["orderCharged"], false);
@@ -117,7 +117,7 @@ async fn a_model_that_finishes_without_charging_is_502_model_did_not_charge() {
 
 #[tokio::test]
 async fn a_model_that_keeps_calling_tools_stops_after_max_rounds() {
-    let (h, reply) = run("recharge", |s| s.max_rounds = 5).await;
+    let (h, reply) = run("recharge", |s| s.r#loop.max_rounds = 5).await;
     let problem = reply.problem(502);
     assert_eq!(problem["code"], "model_error");
     assert_eq!(problem["attempts"], 1);

@@ -130,7 +130,7 @@ pub async fn checkout(
     // The request is read whole before anything waits: the headers and the body are
     // dropped here, not held for the seconds the model takes.
     let (order, client_key, format) =
-        match read_request(&headers, query, body, app.settings().max_amount) {
+        match read_request(&headers, query, body, app.settings().payments.max_amount) {
             Ok(parts) => parts,
             Err(problem) => return problem.into_response(),
         };

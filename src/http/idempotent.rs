@@ -29,8 +29,8 @@ pub async fn checkout(
         &scope,
         key.as_str(),
         &fingerprint,
-        settings.idempotency_lease,
-        settings.idempotency_ttl,
+        settings.idempotency.lease,
+        settings.idempotency.ttl,
     )
     .await;
     match begun {
@@ -85,7 +85,7 @@ async fn owned(
     format: Format,
 ) -> Answer {
     let records = app.records().clone();
-    let lease_for = app.settings().idempotency_lease;
+    let lease_for = app.settings().idempotency.lease;
     let work = run(&app, order, key, format);
     let renew = async {
         let mut tick = tokio::time::interval(lease_for / 3);
