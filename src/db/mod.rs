@@ -22,7 +22,7 @@ use sqlx::sqlite::{
     SqliteConnectOptions, SqliteJournalMode, SqlitePool, SqlitePoolOptions, SqliteSynchronous,
 };
 
-pub use conn::{Conn, Pooled, Tx};
+pub use conn::{Conn, Pooled};
 pub use error::StoreError;
 
 /// Runs `$body` with `$c` bound to the driver's connection, whichever it is: one text of
