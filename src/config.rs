@@ -10,42 +10,82 @@ use std::time::Duration;
 use crate::assistant::LoopRetrySettings;
 use crate::db::PoolSettings;
 use crate::model::scripted::FaultRule;
-use crate::model::{ModelEndpoint, RequestRetrySettings, Secret};
+use crate::model::{ModelEndpoint, RequestRetrySettings};
+use crate::secret::Secret;
 
 pub const DEFAULT_CONFIG: &str = "config/default.toml";
 pub const OPENAI_BASE_URL: &str = "https://api.openai.com/v1";
 
+/// Every setting, nested by the part of the service it concerns. A section that one part
+/// of the service takes whole is that part's own type (the request retry's, the loop
+/// retry's, the pool's), so the settings reach it without being copied field by field.
 #[derive(Clone, Debug)]
 pub struct Settings {
-    pub listen: SocketAddr,
-    pub database_url: String,
-    pub openai_base_url: Option<String>,
-    pub openai_api_key: Option<Secret>,
-    pub openai_model: String,
-    pub model_h2c: bool,
-    pub request_timeout: Duration,
-    pub request_max_retries: u32,
-    pub request_backoff: Duration,
-    pub request_backoff_max: Duration,
-    pub retry_after_max: Duration,
-    pub retry_budget_percent: u32,
-    pub retry_budget_min_per_sec: u32,
-    pub loop_timeout: Duration,
-    pub loop_max_retries: u32,
-    pub loop_backoff: Duration,
-    pub loop_backoff_max: Duration,
-    pub max_rounds: u32,
-    pub max_nudges: u32,
-    pub server_timeout: Duration,
-    pub max_amount: u64,
-    pub body_limit_bytes: usize,
-    pub db_max_connections: u32,
-    pub db_acquire_timeout: Duration,
-    pub idempotency_ttl: Duration,
-    pub idempotency_lease: Duration,
+    pub server: ServerSettings,
+    pub payments: PaymentSettings,
+    pub database: DatabaseSettings,
+    pub model: ModelSettings,
+    /// One chat-completions request: its timeout and retry.
+    pub request: RequestRetrySettings,
+    /// The whole assistant loop: its timeout, retry and rounds.
+    pub r#loop: LoopSettings,
+    pub idempotency: IdempotencySettings,
+    /// The built-in model, when no provider is configured.
+    pub scripted: ScriptedSettings,
     pub log_format: LogFormat,
-    pub scripted_faults: Vec<FaultRule>,
-    pub scripted_delay: Duration,
+}
+
+/// The HTTP server.
+#[derive(Clone, Debug)]
+pub struct ServerSettings {
+    pub listen: SocketAddr,
+    /// The most one HTTP request may take.
+    pub timeout: Duration,
+    pub body_limit_bytes: usize,
+}
+
+#[derive(Clone, Debug)]
+pub struct PaymentSettings {
+    /// The largest amount accepted, in whole units of the currency.
+    pub max_amount: u64,
+}
+
+#[derive(Clone, Debug)]
+pub struct DatabaseSettings {
+    pub url: String,
+    pub pool: PoolSettings,
+}
+
+/// Which model, where; see [`Settings::provider`].
+#[derive(Clone, Debug)]
+pub struct ModelSettings {
+    pub base_url: Option<String>,
+    pub api_key: Option<Secret>,
+    pub name: String,
+    pub h2c: bool,
+}
+
+#[derive(Clone, Debug)]
+pub struct LoopSettings {
+    pub retry: LoopRetrySettings,
+    /// Model rounds (requests) per loop attempt.
+    pub max_rounds: u32,
+    /// Times a model that ends without charging is asked again to charge.
+    pub max_nudges: u32,
+}
+
+#[derive(Clone, Debug)]
+pub struct IdempotencySettings {
+    /// How long a key and its answer are kept.
+    pub ttl: Duration,
+    /// How long a key's owner holds it unrenewed.
+    pub lease: Duration,
+}
+
+#[derive(Clone, Debug)]
+pub struct ScriptedSettings {
+    pub faults: Vec<FaultRule>,
+    pub delay: Duration,
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -69,35 +109,55 @@ pub enum Provider {
 impl Default for Settings {
     fn default() -> Self {
         Settings {
-            listen: SocketAddr::from(([127, 0, 0, 1], 8080)),
-            database_url: "sqlite://checkout.db".into(),
-            openai_base_url: None,
-            openai_api_key: None,
-            openai_model: "gpt-4o-mini".into(),
-            model_h2c: false,
-            request_timeout: Duration::from_millis(10_000),
-            request_max_retries: 2,
-            request_backoff: Duration::from_millis(200),
-            request_backoff_max: Duration::from_millis(2_000),
-            retry_after_max: Duration::from_millis(5_000),
-            retry_budget_percent: 20,
-            retry_budget_min_per_sec: 10,
-            loop_timeout: Duration::from_millis(30_000),
-            loop_max_retries: 2,
-            loop_backoff: Duration::from_millis(100),
-            loop_backoff_max: Duration::from_millis(1_000),
-            max_rounds: 10,
-            max_nudges: 2,
-            server_timeout: Duration::from_millis(100_000),
-            max_amount: 1_000_000,
-            body_limit_bytes: 16 * 1024,
-            db_max_connections: 16,
-            db_acquire_timeout: Duration::from_millis(2_000),
-            idempotency_ttl: Duration::from_secs(24 * 60 * 60),
-            idempotency_lease: Duration::from_millis(10_000),
+            server: ServerSettings {
+                listen: SocketAddr::from(([127, 0, 0, 1], 8080)),
+                timeout: Duration::from_millis(100_000),
+                body_limit_bytes: 16 * 1024,
+            },
+            payments: PaymentSettings {
+                max_amount: 1_000_000,
+            },
+            database: DatabaseSettings {
+                url: "sqlite://checkout.db".into(),
+                pool: PoolSettings {
+                    max_connections: 16,
+                    acquire_timeout: Duration::from_millis(2_000),
+                },
+            },
+            model: ModelSettings {
+                base_url: None,
+                api_key: None,
+                name: "gpt-4o-mini".into(),
+                h2c: false,
+            },
+            request: RequestRetrySettings {
+                timeout: Duration::from_millis(10_000),
+                max_retries: 2,
+                backoff_min: Duration::from_millis(200),
+                backoff_max: Duration::from_millis(2_000),
+                retry_after_max: Duration::from_millis(5_000),
+                budget_percent: 20,
+                budget_min_per_sec: 10,
+            },
+            r#loop: LoopSettings {
+                retry: LoopRetrySettings {
+                    timeout: Duration::from_millis(30_000),
+                    max_retries: 2,
+                    backoff_min: Duration::from_millis(100),
+                    backoff_max: Duration::from_millis(1_000),
+                },
+                max_rounds: 10,
+                max_nudges: 2,
+            },
+            idempotency: IdempotencySettings {
+                ttl: Duration::from_secs(24 * 60 * 60),
+                lease: Duration::from_millis(10_000),
+            },
+            scripted: ScriptedSettings {
+                faults: Vec::new(),
+                delay: Duration::ZERO,
+            },
             log_format: LogFormat::Text,
-            scripted_faults: Vec::new(),
-            scripted_delay: Duration::ZERO,
         }
     }
 }
@@ -125,195 +185,88 @@ pub enum ConfigError {
 
 type Setter = fn(&mut Settings, &str) -> Result<(), String>;
 
-/// Every setting: file key, environment variable, how to read it.
+/// Every setting, one line each, in the sections of [`Settings`]: file key, environment
+/// variable, where the parsed value goes. The names are the operator contract.
+#[rustfmt::skip]
 pub const SETTINGS: &[(&str, &str, Setter)] = &[
-    ("listen", "CHECKOUT_LISTEN", |s, v| {
-        s.listen = v
-            .parse()
-            .map_err(|_| format!("{v:?} is not an address such as 127.0.0.1:8080"))?;
-        Ok(())
-    }),
-    ("database_url", "DATABASE_URL", |s, v| {
-        if !(v.starts_with("sqlite:")
-            || v.starts_with("postgres://")
-            || v.starts_with("postgresql://"))
-        {
-            return Err("must start with sqlite:, postgres:// or postgresql://".into());
-        }
-        s.database_url = v.to_owned();
-        Ok(())
-    }),
-    ("openai_base_url", "OPENAI_BASE_URL", |s, v| {
-        if !(v.starts_with("http://") || v.starts_with("https://")) {
-            return Err(format!("{v:?} is not an http:// or https:// URL"));
-        }
-        s.openai_base_url = Some(v.trim_end_matches('/').to_owned());
-        Ok(())
-    }),
-    ("openai_api_key", "OPENAI_API_KEY", |s, v| {
-        s.openai_api_key = (!v.is_empty()).then(|| Secret::new(v));
-        Ok(())
-    }),
-    ("openai_model", "OPENAI_MODEL", |s, v| {
-        if v.is_empty() {
-            return Err("must not be empty".into());
-        }
-        s.openai_model = v.to_owned();
-        Ok(())
-    }),
-    ("model_h2c", "CHECKOUT_MODEL_H2C", |s, v| {
-        s.model_h2c = match v {
-            "true" => true,
-            "false" => false,
-            _ => return Err(format!("{v:?} is neither true nor false")),
-        };
-        Ok(())
-    }),
-    (
-        "request_timeout_ms",
-        "CHECKOUT_REQUEST_TIMEOUT_MS",
-        |s, v| {
-            s.request_timeout = millis(v, 1)?;
-            Ok(())
-        },
-    ),
-    (
-        "request_max_retries",
-        "CHECKOUT_REQUEST_MAX_RETRIES",
-        |s, v| {
-            s.request_max_retries = number(v, 0, 10)?;
-            Ok(())
-        },
-    ),
-    (
-        "request_backoff_ms",
-        "CHECKOUT_REQUEST_BACKOFF_MS",
-        |s, v| {
-            s.request_backoff = millis(v, 1)?;
-            Ok(())
-        },
-    ),
-    (
-        "request_backoff_max_ms",
-        "CHECKOUT_REQUEST_BACKOFF_MAX_MS",
-        |s, v| {
-            s.request_backoff_max = millis(v, 1)?;
-            Ok(())
-        },
-    ),
-    (
-        "retry_after_max_ms",
-        "CHECKOUT_RETRY_AFTER_MAX_MS",
-        |s, v| {
-            s.retry_after_max = millis(v, 0)?;
-            Ok(())
-        },
-    ),
-    (
-        "retry_budget_percent",
-        "CHECKOUT_RETRY_BUDGET_PERCENT",
-        |s, v| {
-            s.retry_budget_percent = number(v, 0, 1000)?;
-            Ok(())
-        },
-    ),
-    (
-        "retry_budget_min_per_sec",
-        "CHECKOUT_RETRY_BUDGET_MIN_PER_SEC",
-        |s, v| {
-            s.retry_budget_min_per_sec = number(v, 0, 1_000_000)?;
-            Ok(())
-        },
-    ),
-    ("loop_timeout_ms", "CHECKOUT_LOOP_TIMEOUT_MS", |s, v| {
-        s.loop_timeout = millis(v, 1)?;
-        Ok(())
-    }),
-    ("loop_max_retries", "CHECKOUT_LOOP_MAX_RETRIES", |s, v| {
-        s.loop_max_retries = number(v, 0, 10)?;
-        Ok(())
-    }),
-    ("loop_backoff_ms", "CHECKOUT_LOOP_BACKOFF_MS", |s, v| {
-        s.loop_backoff = millis(v, 1)?;
-        Ok(())
-    }),
-    (
-        "loop_backoff_max_ms",
-        "CHECKOUT_LOOP_BACKOFF_MAX_MS",
-        |s, v| {
-            s.loop_backoff_max = millis(v, 1)?;
-            Ok(())
-        },
-    ),
-    ("max_rounds", "CHECKOUT_MAX_ROUNDS", |s, v| {
-        s.max_rounds = number(v, 1, 100)?;
-        Ok(())
-    }),
-    ("max_nudges", "CHECKOUT_MAX_NUDGES", |s, v| {
-        s.max_nudges = number(v, 0, 10)?;
-        Ok(())
-    }),
-    ("server_timeout_ms", "CHECKOUT_SERVER_TIMEOUT_MS", |s, v| {
-        s.server_timeout = millis(v, 1)?;
-        Ok(())
-    }),
-    ("max_amount", "CHECKOUT_MAX_AMOUNT", |s, v| {
-        s.max_amount = number(v, 1, 1_000_000_000_000)?;
-        Ok(())
-    }),
-    ("body_limit_bytes", "CHECKOUT_BODY_LIMIT_BYTES", |s, v| {
-        s.body_limit_bytes = number(v, 64, 1 << 20)?;
-        Ok(())
-    }),
-    (
-        "db_max_connections",
-        "CHECKOUT_DB_MAX_CONNECTIONS",
-        |s, v| {
-            s.db_max_connections = number(v, 1, 1000)?;
-            Ok(())
-        },
-    ),
-    (
-        "db_acquire_timeout_ms",
-        "CHECKOUT_DB_ACQUIRE_TIMEOUT_MS",
-        |s, v| {
-            s.db_acquire_timeout = millis(v, 1)?;
-            Ok(())
-        },
-    ),
-    (
-        "idempotency_ttl_secs",
-        "CHECKOUT_IDEMPOTENCY_TTL_SECS",
-        |s, v| {
-            s.idempotency_ttl = Duration::from_secs(number(v, 1, 365 * 24 * 3600)?);
-            Ok(())
-        },
-    ),
-    (
-        "idempotency_lease_ms",
-        "CHECKOUT_IDEMPOTENCY_LEASE_MS",
-        |s, v| {
-            s.idempotency_lease = millis(v, 100)?;
-            Ok(())
-        },
-    ),
-    ("log_format", "CHECKOUT_LOG_FORMAT", |s, v| {
-        s.log_format = match v {
-            "text" => LogFormat::Text,
-            "json" => LogFormat::Json,
-            _ => return Err(format!("{v:?} is neither text nor json")),
-        };
-        Ok(())
-    }),
-    ("scripted_faults", "CHECKOUT_SCRIPTED_FAULTS", |s, v| {
-        s.scripted_faults = FaultRule::parse_plan(v)?;
-        Ok(())
-    }),
-    ("scripted_delay_ms", "CHECKOUT_SCRIPTED_DELAY_MS", |s, v| {
-        s.scripted_delay = millis(v, 0)?;
-        Ok(())
-    }),
+    ("listen", "CHECKOUT_LISTEN", |s, v| put(&mut s.server.listen, address(v))),
+    ("server_timeout_ms", "CHECKOUT_SERVER_TIMEOUT_MS", |s, v| put(&mut s.server.timeout, millis(v, 1))),
+    ("body_limit_bytes", "CHECKOUT_BODY_LIMIT_BYTES", |s, v| put(&mut s.server.body_limit_bytes, number(v, 64, 1 << 20))),
+    ("max_amount", "CHECKOUT_MAX_AMOUNT", |s, v| put(&mut s.payments.max_amount, number(v, 1, 1_000_000_000_000))),
+    ("database_url", "DATABASE_URL", |s, v| put(&mut s.database.url, database_url(v))),
+    ("db_max_connections", "CHECKOUT_DB_MAX_CONNECTIONS", |s, v| put(&mut s.database.pool.max_connections, number(v, 1, 1000))),
+    ("db_acquire_timeout_ms", "CHECKOUT_DB_ACQUIRE_TIMEOUT_MS", |s, v| put(&mut s.database.pool.acquire_timeout, millis(v, 1))),
+    ("openai_base_url", "OPENAI_BASE_URL", |s, v| put(&mut s.model.base_url, http_url(v).map(Some))),
+    ("openai_api_key", "OPENAI_API_KEY", |s, v| put(&mut s.model.api_key, Ok((!v.is_empty()).then(|| Secret::new(v))))),
+    ("openai_model", "OPENAI_MODEL", |s, v| put(&mut s.model.name, not_empty(v))),
+    ("model_h2c", "CHECKOUT_MODEL_H2C", |s, v| put(&mut s.model.h2c, boolean(v))),
+    ("request_timeout_ms", "CHECKOUT_REQUEST_TIMEOUT_MS", |s, v| put(&mut s.request.timeout, millis(v, 1))),
+    ("request_max_retries", "CHECKOUT_REQUEST_MAX_RETRIES", |s, v| put(&mut s.request.max_retries, number(v, 0, 10))),
+    ("request_backoff_ms", "CHECKOUT_REQUEST_BACKOFF_MS", |s, v| put(&mut s.request.backoff_min, millis(v, 1))),
+    ("request_backoff_max_ms", "CHECKOUT_REQUEST_BACKOFF_MAX_MS", |s, v| put(&mut s.request.backoff_max, millis(v, 1))),
+    ("retry_after_max_ms", "CHECKOUT_RETRY_AFTER_MAX_MS", |s, v| put(&mut s.request.retry_after_max, millis(v, 0))),
+    ("retry_budget_percent", "CHECKOUT_RETRY_BUDGET_PERCENT", |s, v| put(&mut s.request.budget_percent, number(v, 0, 1000))),
+    ("retry_budget_min_per_sec", "CHECKOUT_RETRY_BUDGET_MIN_PER_SEC", |s, v| put(&mut s.request.budget_min_per_sec, number(v, 0, 1_000_000))),
+    ("loop_timeout_ms", "CHECKOUT_LOOP_TIMEOUT_MS", |s, v| put(&mut s.r#loop.retry.timeout, millis(v, 1))),
+    ("loop_max_retries", "CHECKOUT_LOOP_MAX_RETRIES", |s, v| put(&mut s.r#loop.retry.max_retries, number(v, 0, 10))),
+    ("loop_backoff_ms", "CHECKOUT_LOOP_BACKOFF_MS", |s, v| put(&mut s.r#loop.retry.backoff_min, millis(v, 1))),
+    ("loop_backoff_max_ms", "CHECKOUT_LOOP_BACKOFF_MAX_MS", |s, v| put(&mut s.r#loop.retry.backoff_max, millis(v, 1))),
+    ("max_rounds", "CHECKOUT_MAX_ROUNDS", |s, v| put(&mut s.r#loop.max_rounds, number(v, 1, 100))),
+    ("max_nudges", "CHECKOUT_MAX_NUDGES", |s, v| put(&mut s.r#loop.max_nudges, number(v, 0, 10))),
+    ("idempotency_ttl_secs", "CHECKOUT_IDEMPOTENCY_TTL_SECS", |s, v| put(&mut s.idempotency.ttl, number(v, 1, 365 * 24 * 3600).map(Duration::from_secs))),
+    ("idempotency_lease_ms", "CHECKOUT_IDEMPOTENCY_LEASE_MS", |s, v| put(&mut s.idempotency.lease, millis(v, 100))),
+    ("scripted_faults", "CHECKOUT_SCRIPTED_FAULTS", |s, v| put(&mut s.scripted.faults, FaultRule::parse_plan(v))),
+    ("scripted_delay_ms", "CHECKOUT_SCRIPTED_DELAY_MS", |s, v| put(&mut s.scripted.delay, millis(v, 0))),
+    ("log_format", "CHECKOUT_LOG_FORMAT", |s, v| put(&mut s.log_format, log_format(v))),
 ];
+
+fn put<T>(slot: &mut T, value: Result<T, String>) -> Result<(), String> {
+    *slot = value?;
+    Ok(())
+}
+
+fn address(v: &str) -> Result<SocketAddr, String> {
+    v.parse()
+        .map_err(|_| format!("{v:?} is not an address such as 127.0.0.1:8080"))
+}
+
+fn database_url(v: &str) -> Result<String, String> {
+    if !(v.starts_with("sqlite:") || v.starts_with("postgres://") || v.starts_with("postgresql://"))
+    {
+        return Err("must start with sqlite:, postgres:// or postgresql://".into());
+    }
+    Ok(v.to_owned())
+}
+
+fn http_url(v: &str) -> Result<String, String> {
+    if !(v.starts_with("http://") || v.starts_with("https://")) {
+        return Err(format!("{v:?} is not an http:// or https:// URL"));
+    }
+    Ok(v.trim_end_matches('/').to_owned())
+}
+
+fn not_empty(v: &str) -> Result<String, String> {
+    if v.is_empty() {
+        return Err("must not be empty".into());
+    }
+    Ok(v.to_owned())
+}
+
+fn boolean(v: &str) -> Result<bool, String> {
+    match v {
+        "true" => Ok(true),
+        "false" => Ok(false),
+        _ => Err(format!("{v:?} is neither true nor false")),
+    }
+}
+
+fn log_format(v: &str) -> Result<LogFormat, String> {
+    match v {
+        "text" => Ok(LogFormat::Text),
+        "json" => Ok(LogFormat::Json),
+        _ => Err(format!("{v:?} is neither text nor json")),
+    }
+}
 
 fn number<T>(text: &str, min: T, max: T) -> Result<T, String>
 where
@@ -434,43 +387,43 @@ impl Settings {
     /// Combinations that cannot work.
     fn check(&self) -> Result<(), ConfigError> {
         let ms = |d: Duration| d.as_millis();
-        if self.loop_timeout <= self.request_timeout {
+        if self.r#loop.retry.timeout <= self.request.timeout {
             return Err(ConfigError::Combination(format!(
                 "CHECKOUT_LOOP_TIMEOUT_MS ({}) must be longer than CHECKOUT_REQUEST_TIMEOUT_MS ({}): a loop that cannot outlast one model request can never finish a round",
-                ms(self.loop_timeout),
-                ms(self.request_timeout)
+                ms(self.r#loop.retry.timeout),
+                ms(self.request.timeout)
             )));
         }
         let worst = self.loop_worst_case();
-        if self.server_timeout < worst {
+        if self.server.timeout < worst {
             return Err(ConfigError::Combination(format!(
                 "CHECKOUT_SERVER_TIMEOUT_MS ({}) is shorter than the worst case of the loop layers inside it ({} = {} loop attempts x {} ms + backoff): the server would cut off a checkout its own retries still run",
-                ms(self.server_timeout),
+                ms(self.server.timeout),
                 ms(worst),
-                self.loop_max_retries + 1,
-                ms(self.loop_timeout)
+                self.r#loop.retry.max_retries + 1,
+                ms(self.r#loop.retry.timeout)
             )));
         }
-        if self.request_backoff > self.request_backoff_max {
+        if self.request.backoff_min > self.request.backoff_max {
             return Err(ConfigError::Combination(
                 "CHECKOUT_REQUEST_BACKOFF_MS must not exceed CHECKOUT_REQUEST_BACKOFF_MAX_MS"
                     .into(),
             ));
         }
-        if self.loop_backoff > self.loop_backoff_max {
+        if self.r#loop.retry.backoff_min > self.r#loop.retry.backoff_max {
             return Err(ConfigError::Combination(
                 "CHECKOUT_LOOP_BACKOFF_MS must not exceed CHECKOUT_LOOP_BACKOFF_MAX_MS".into(),
             ));
         }
-        if self.idempotency_ttl <= self.server_timeout {
+        if self.idempotency.ttl <= self.server.timeout {
             return Err(ConfigError::Combination(format!(
                 "CHECKOUT_IDEMPOTENCY_TTL_SECS ({} s) must be longer than CHECKOUT_SERVER_TIMEOUT_MS ({} ms): a key must outlive the request that holds it",
-                self.idempotency_ttl.as_secs(),
-                ms(self.server_timeout)
+                self.idempotency.ttl.as_secs(),
+                ms(self.server.timeout)
             )));
         }
         if let Provider::Remote(endpoint) = self.provider()
-            && self.model_h2c
+            && self.model.h2c
             && !endpoint.base_url.starts_with("http://")
         {
             return Err(ConfigError::Combination(format!(
@@ -478,7 +431,7 @@ impl Settings {
                 endpoint.base_url
             )));
         }
-        let scripted_options = !self.scripted_faults.is_empty() || !self.scripted_delay.is_zero();
+        let scripted_options = !self.scripted.faults.is_empty() || !self.scripted.delay.is_zero();
         if scripted_options && matches!(self.provider(), Provider::Remote(_)) {
             return Err(ConfigError::Combination(
                 "CHECKOUT_SCRIPTED_FAULTS and CHECKOUT_SCRIPTED_DELAY_MS apply to the scripted model, but OPENAI_API_KEY or OPENAI_BASE_URL is set".into(),
@@ -490,54 +443,27 @@ impl Settings {
     /// The longest the loop layers can take: every attempt timing out, with the longest
     /// backoff between attempts.
     pub fn loop_worst_case(&self) -> Duration {
-        self.loop_timeout * (self.loop_max_retries + 1)
-            + self.loop_backoff_max * self.loop_max_retries
+        let retry = &self.r#loop.retry;
+        retry.timeout * (retry.max_retries + 1) + retry.backoff_max * retry.max_retries
     }
 
     pub fn provider(&self) -> Provider {
-        if self.openai_api_key.is_none() && self.openai_base_url.is_none() {
+        let model = &self.model;
+        if model.api_key.is_none() && model.base_url.is_none() {
             return Provider::Scripted {
-                faults: self.scripted_faults.clone(),
-                delay: self.scripted_delay,
+                faults: self.scripted.faults.clone(),
+                delay: self.scripted.delay,
             };
         }
         Provider::Remote(ModelEndpoint {
-            base_url: self
-                .openai_base_url
+            base_url: model
+                .base_url
                 .clone()
                 .unwrap_or_else(|| OPENAI_BASE_URL.to_owned()),
-            api_key: self.openai_api_key.clone(),
-            model: self.openai_model.clone(),
-            h2c: self.model_h2c,
+            api_key: model.api_key.clone(),
+            model: model.name.clone(),
+            h2c: model.h2c,
         })
-    }
-
-    pub fn request_retry(&self) -> RequestRetrySettings {
-        RequestRetrySettings {
-            max_retries: self.request_max_retries,
-            timeout: self.request_timeout,
-            backoff_min: self.request_backoff,
-            backoff_max: self.request_backoff_max,
-            retry_after_max: self.retry_after_max,
-            budget_percent: self.retry_budget_percent,
-            budget_min_per_sec: self.retry_budget_min_per_sec,
-        }
-    }
-
-    pub fn loop_retry(&self) -> LoopRetrySettings {
-        LoopRetrySettings {
-            max_retries: self.loop_max_retries,
-            timeout: self.loop_timeout,
-            backoff_min: self.loop_backoff,
-            backoff_max: self.loop_backoff_max,
-        }
-    }
-
-    pub fn pool(&self) -> PoolSettings {
-        PoolSettings {
-            max_connections: self.db_max_connections,
-            acquire_timeout: self.db_acquire_timeout,
-        }
     }
 }
 
@@ -559,13 +485,13 @@ mod tests {
     #[test]
     fn the_shipped_file_gives_the_documented_defaults() {
         let s = load(&[]).unwrap();
-        assert_eq!(s.listen.to_string(), "127.0.0.1:8080");
-        assert_eq!(s.database_url, "sqlite://checkout.db");
-        assert_eq!(s.openai_model, "gpt-4o-mini");
-        assert_eq!(s.request_timeout, Duration::from_millis(10_000));
-        assert_eq!((s.request_max_retries, s.loop_max_retries), (2, 2));
-        assert_eq!(s.loop_timeout, Duration::from_millis(30_000));
-        assert_eq!(s.max_rounds, 10);
+        assert_eq!(s.server.listen.to_string(), "127.0.0.1:8080");
+        assert_eq!(s.database.url, "sqlite://checkout.db");
+        assert_eq!(s.model.name, "gpt-4o-mini");
+        assert_eq!(s.request.timeout, Duration::from_millis(10_000));
+        assert_eq!((s.request.max_retries, s.r#loop.retry.max_retries), (2, 2));
+        assert_eq!(s.r#loop.retry.timeout, Duration::from_millis(30_000));
+        assert_eq!(s.r#loop.max_rounds, 10);
         assert!(matches!(s.provider(), Provider::Scripted { .. }));
     }
 
@@ -584,7 +510,7 @@ mod tests {
     #[test]
     fn env_overrides_the_file() {
         let s = load(&[("CHECKOUT_MAX_ROUNDS", "3"), ("OPENAI_API_KEY", "sk-1")]).unwrap();
-        assert_eq!(s.max_rounds, 3);
+        assert_eq!(s.r#loop.max_rounds, 3);
         match s.provider() {
             Provider::Remote(endpoint) => assert_eq!(endpoint.base_url, OPENAI_BASE_URL),
             other => panic!("{other:?}"),
@@ -623,7 +549,7 @@ mod tests {
             ("OPENAI_BASE_URL", "http://127.0.0.1:8000/v1"),
         ])
         .unwrap();
-        assert!(s.model_h2c);
+        assert!(s.model.h2c);
         let err = load(&[("CHECKOUT_SERVER_TIMEOUT_MS", "60000")]).unwrap_err();
         assert!(
             err.to_string().contains("shorter than the worst case"),

@@ -3,6 +3,7 @@
 //! benchmark drive it the same way.
 
 pub mod assistant;
+pub mod caller;
 pub mod config;
 pub mod db;
 pub mod http;
@@ -10,6 +11,7 @@ pub mod idempotency;
 pub mod model;
 pub mod payments;
 pub mod retry;
+pub mod secret;
 pub mod telemetry;
 
 use std::future::Future;
@@ -49,7 +51,7 @@ impl App {
     /// Opens the database (applying migrations), starts the scripted model if no provider
     /// is configured, and builds the layers. Logs the resilience chain.
     pub async fn build(settings: Settings) -> Result<App, StartError> {
-        let db = Database::open(&settings.database_url, &settings.pool()).await?;
+        let db = Database::open(&settings.database.url, &settings.database.pool).await?;
         let (endpoint, scripted) = match settings.provider() {
             Provider::Remote(endpoint) => (endpoint, None),
             Provider::Scripted { faults, delay } => {
@@ -64,8 +66,8 @@ impl App {
                 let endpoint = ModelEndpoint {
                     base_url: model.base_url(),
                     api_key: None,
-                    model: settings.openai_model.clone(),
-                    h2c: settings.model_h2c,
+                    model: settings.model.name.clone(),
+                    h2c: settings.model.h2c,
                 };
                 (endpoint, Some(model))
             }
@@ -78,18 +80,18 @@ impl App {
                 "the built-in scripted model is in use: no OPENAI_API_KEY or OPENAI_BASE_URL is set, so no real model is asked",
             ),
         };
-        let client = ModelClient::new(&endpoint, &settings.request_retry())
-            .map_err(StartError::ModelClient)?;
+        let client =
+            ModelClient::new(&endpoint, &settings.request).map_err(StartError::ModelClient)?;
         let gateway = PaymentGateway::new(Receipts::new(&db));
         let limits = LoopLimits {
-            max_rounds: settings.max_rounds,
-            max_nudges: settings.max_nudges,
+            max_rounds: settings.r#loop.max_rounds,
+            max_nudges: settings.r#loop.max_nudges,
             max_tokens: assistant::MAX_TOKENS,
         };
         let agent = AgentLoop::new(client, ToolBox::new(gateway.clone()), limits);
-        let assistant = Assistant::new(agent, &settings.loop_retry());
+        let assistant = Assistant::new(agent, &settings.r#loop.retry);
         announce(&settings, &db, &info);
-        let sweep_every = (settings.idempotency_ttl / 4).clamp(
+        let sweep_every = (settings.idempotency.ttl / 4).clamp(
             std::time::Duration::from_millis(100),
             std::time::Duration::from_secs(60),
         );
@@ -149,55 +151,55 @@ fn announce(settings: &Settings, db: &Database, model: &ModelInfo) {
         layer = 1,
         unit = "the whole operation",
         "resilience chain, outermost first: [1] client POST + Idempotency-Key: the client may retry; a key's finished answer is replayed for {} s, a key in flight is held by a {} ms lease, a transient failure leaves the key usable",
-        settings.idempotency_ttl.as_secs(),
-        ms(settings.idempotency_lease)
+        settings.idempotency.ttl.as_secs(),
+        ms(settings.idempotency.lease)
     );
     tracing::info!(
         layer = 2,
         unit = "one HTTP request",
-        timeout_ms = ms(settings.server_timeout),
+        timeout_ms = ms(settings.server.timeout),
         "[2] server timeout: {} ms per HTTP request (the loop layers' worst case is {} ms)",
-        ms(settings.server_timeout),
+        ms(settings.server.timeout),
         ms(settings.loop_worst_case())
     );
     tracing::info!(
         layer = 3,
         unit = "the whole assistant loop, tools included",
-        max_retries = settings.loop_max_retries,
+        max_retries = settings.r#loop.retry.max_retries,
         "[3] loop retry: repeats the whole assistant loop up to {} more time(s), backoff {}..{} ms; on a loop timeout, a model failure the request retry could not mend, a transient database error; never on a model 4xx, invalid input, amount_conflict, model_did_not_charge",
-        settings.loop_max_retries,
-        ms(settings.loop_backoff),
-        ms(settings.loop_backoff_max)
+        settings.r#loop.retry.max_retries,
+        ms(settings.r#loop.retry.backoff_min),
+        ms(settings.r#loop.retry.backoff_max)
     );
     tracing::info!(
         layer = 4,
         unit = "one run of the assistant loop",
-        timeout_ms = ms(settings.loop_timeout),
+        timeout_ms = ms(settings.r#loop.retry.timeout),
         "[4] loop timeout: {} ms per run of the loop, at most {} model rounds; a model that ends without charging is asked again up to {} time(s) before model_did_not_charge",
-        ms(settings.loop_timeout),
-        settings.max_rounds,
-        settings.max_nudges
+        ms(settings.r#loop.retry.timeout),
+        settings.r#loop.max_rounds,
+        settings.r#loop.max_nudges
     );
     tracing::info!(
         layer = 5,
         unit = "one chat-completions HTTP request",
-        max_retries = settings.request_max_retries,
+        max_retries = settings.request.max_retries,
         "[5] request retry: repeats one model request up to {} more time(s), backoff {}..{} ms with jitter, Retry-After honoured up to {} ms, retry budget {}% + {}/s shared by all requests; on connect errors, timeouts, 408, 429 (not insufficient_quota), 500, 502, 503, 504; never on 400, 401, 403, 404, 422",
-        settings.request_max_retries,
-        ms(settings.request_backoff),
-        ms(settings.request_backoff_max),
-        ms(settings.retry_after_max),
-        settings.retry_budget_percent,
-        settings.retry_budget_min_per_sec
+        settings.request.max_retries,
+        ms(settings.request.backoff_min),
+        ms(settings.request.backoff_max),
+        ms(settings.request.retry_after_max),
+        settings.request.budget_percent,
+        settings.request.budget_min_per_sec
     );
     tracing::info!(
         layer = 6,
         unit = "one chat-completions HTTP request",
-        timeout_ms = ms(settings.request_timeout),
+        timeout_ms = ms(settings.request.timeout),
         "[6] request timeout: {} ms per model request",
-        ms(settings.request_timeout)
+        ms(settings.request.timeout)
     );
-    if settings.loop_max_retries > 0 {
+    if settings.r#loop.retry.max_retries > 0 {
         tracing::warn!(
             "the loop retry re-runs tools that already ran, the charge included; it cannot double-charge here because every attempt charges with the charge key the handler made from the order id before the first attempt, and the receipts table's unique order_id hands a repeated charge the first receipt"
         );

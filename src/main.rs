@@ -92,13 +92,13 @@ async fn service(args: &[String]) -> ExitCode {
         }
     };
     checkout::telemetry::init(settings.log_format);
-    if !settings.scripted_faults.is_empty() {
-        tracing::warn!(plan = %describe(&settings.scripted_faults), "the scripted model will inject faults");
+    if !settings.scripted.faults.is_empty() {
+        tracing::warn!(plan = %describe(&settings.scripted.faults), "the scripted model will inject faults");
     }
-    let listener = match tokio::net::TcpListener::bind(settings.listen).await {
+    let listener = match tokio::net::TcpListener::bind(settings.server.listen).await {
         Ok(listener) => listener,
         Err(err) => {
-            tracing::error!("cannot listen on {}: {err}", settings.listen);
+            tracing::error!("cannot listen on {}: {err}", settings.server.listen);
             return ExitCode::FAILURE;
         }
     };

@@ -481,7 +481,7 @@ both_backends!(
 /// too. The charge is the same: one receipt, two model requests.
 #[tokio::test]
 async fn http2_to_the_service_and_to_the_model_charges_once() {
-    let h = Harness::with(Backend::Sqlite, "", |s| s.model_h2c = true).await;
+    let h = Harness::with(Backend::Sqlite, "", |s| s.model.h2c = true).await;
     let http2 = reqwest::Client::builder()
         .http2_prior_knowledge()
         .build()

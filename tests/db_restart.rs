@@ -15,8 +15,8 @@ async fn behind_proxy(faults: &str) -> (Harness, Proxy) {
     let proxy = Proxy::start("127.0.0.1:5432".parse().unwrap()).await;
     let model = scripted(faults).await;
     let mut settings = test_settings(&db, &model);
-    settings.database_url = db.url_via(proxy.addr);
-    settings.db_acquire_timeout = Duration::from_millis(300);
+    settings.database.url = db.url_via(proxy.addr);
+    settings.database.pool.acquire_timeout = Duration::from_millis(300);
     (Harness::serve(db, model, settings).await, proxy)
 }
 
@@ -139,9 +139,9 @@ async fn a_charge_whose_answer_never_comes_does_not_stall_the_charges_after_it()
     let proxy = Proxy::start("127.0.0.1:5432".parse().unwrap()).await;
     let model = scripted("").await;
     let mut settings = test_settings(&db, &model);
-    settings.database_url = db.url_via(proxy.addr);
-    settings.request_timeout = Duration::from_millis(500);
-    settings.loop_timeout = Duration::from_millis(1_000);
+    settings.database.url = db.url_via(proxy.addr);
+    settings.request.timeout = Duration::from_millis(500);
+    settings.r#loop.retry.timeout = Duration::from_millis(1_000);
     let h = std::sync::Arc::new(Harness::serve(db, model, settings).await);
     // Prepares the statements, so that the next charge needs no answer before it runs.
     assert_eq!(h.checkout("DB-4-warm", "1.00").await.status, 200);

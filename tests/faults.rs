@@ -53,9 +53,9 @@ const fn fail(
 }
 
 fn matrix_settings(s: &mut Settings, loop_retry: bool) {
-    s.request_timeout = Duration::from_millis(300);
-    s.loop_timeout = Duration::from_millis(3_000);
-    s.loop_max_retries = if loop_retry { 2 } else { 0 };
+    s.request.timeout = Duration::from_millis(300);
+    s.r#loop.retry.timeout = Duration::from_millis(3_000);
+    s.r#loop.retry.max_retries = if loop_retry { 2 } else { 0 };
 }
 
 /// Runs `fault` at rounds 1, 2, 3, loop retry on then off, on `backend`, all cells at once.
@@ -215,7 +215,7 @@ matrix_row!(
 // The loop retry restarts the loop; the charge runs again and returns the first receipt.
 both_backends!(the_articles_incident_charges_once, |backend| async move {
     let h = Harness::with(backend, "timeout@2x3", |s| {
-        s.request_timeout = Duration::from_millis(300)
+        s.request.timeout = Duration::from_millis(300)
     })
     .await;
     let reply = h.checkout("A-100", "42.50").await;
@@ -246,7 +246,7 @@ async fn a_bad_api_key_is_one_request_and_a_502() {
     .await
     .unwrap();
     let mut settings = common::test_settings(&db, &model);
-    settings.openai_api_key = Some(checkout::model::Secret::new("sk-wrong"));
+    settings.model.api_key = Some(checkout::secret::Secret::new("sk-wrong"));
     let h = Harness::serve(db, model, settings).await;
     let problem = h.checkout("K-1", "1.00").await.problem(502);
     assert_eq!(problem["code"], "model_error");
@@ -303,8 +303,8 @@ async fn retry_after_is_waited_out_before_the_retry() {
 #[tokio::test]
 async fn a_retry_after_beyond_the_cap_ends_the_retries_and_is_passed_on() {
     let h = Harness::with(Backend::Sqlite, "429+retry-after=60@1", |s| {
-        s.retry_after_max = Duration::from_secs(5);
-        s.loop_max_retries = 0;
+        s.request.retry_after_max = Duration::from_secs(5);
+        s.r#loop.retry.max_retries = 0;
     })
     .await;
     let reply = h.checkout("W-2", "1.00").await;
@@ -325,8 +325,8 @@ async fn a_retry_after_beyond_the_cap_ends_the_retries_and_is_passed_on() {
 #[tokio::test]
 async fn the_retry_budget_stops_a_storm() {
     let h = Harness::with(Backend::Sqlite, "503", |s| {
-        s.retry_budget_percent = 20;
-        s.retry_budget_min_per_sec = 0;
+        s.request.budget_percent = 20;
+        s.request.budget_min_per_sec = 0;
     })
     .await;
     for i in 0..20 {
@@ -352,9 +352,9 @@ async fn the_retry_budget_stops_a_storm() {
 #[tokio::test]
 async fn a_loop_timeout_after_the_charge_restarts_the_loop_without_a_second_charge() {
     let tune = |s: &mut Settings, retries| {
-        s.request_timeout = Duration::from_millis(500);
-        s.loop_timeout = Duration::from_millis(700);
-        s.loop_max_retries = retries;
+        s.request.timeout = Duration::from_millis(500);
+        s.r#loop.retry.timeout = Duration::from_millis(700);
+        s.r#loop.retry.max_retries = retries;
     };
     let h = Harness::with(Backend::Sqlite, "slow=400@1x1,slow=400@2x1", |s| tune(s, 2)).await;
     let reply = h.checkout("LT-1", "1.00").await;

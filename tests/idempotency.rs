@@ -7,7 +7,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use checkout::db::{Database, PoolSettings};
-use checkout::idempotency::{self, Begin, Fingerprint, RecordStore, Records, Saved};
+use checkout::idempotency::{self, Begin, Fingerprint, Records, Saved};
 use checkout::payments::{Currency, Money, Order, OrderId};
 use common::{Backend, Harness, Reply, TestDb};
 
@@ -125,7 +125,10 @@ both_backends!(
 
 #[tokio::test]
 async fn a_transient_failure_is_not_saved_and_the_key_stays_usable() {
-    let h = Harness::with(Backend::Sqlite, "503@1x3", |s| s.loop_max_retries = 0).await;
+    let h = Harness::with(Backend::Sqlite, "503@1x3", |s| {
+        s.r#loop.retry.max_retries = 0
+    })
+    .await;
     let failed = keyed(&h, "I-6", "1.00").await;
     assert_eq!(failed.problem(502)["code"], "model_error");
     let retried = keyed(&h, "I-6", "1.00").await;
@@ -174,7 +177,7 @@ async fn invalid_requests_and_keyless_requests_record_nothing() {
 }
 
 both_backends!(keys_expire_and_are_swept, |backend| async move {
-    let h = Harness::with(backend, "", |s| s.idempotency_ttl = Duration::from_secs(1)).await;
+    let h = Harness::with(backend, "", |s| s.idempotency.ttl = Duration::from_secs(1)).await;
     assert_eq!(keyed(&h, "I-10", "1.00").await.status, 200);
     assert_eq!(records(&h).await, 1);
     tokio::time::sleep(Duration::from_millis(1_600)).await;

@@ -5,9 +5,8 @@ mod common;
 use std::sync::Arc;
 
 use checkout::db::{Database, PoolSettings};
-use checkout::payments::store::{PgReceipts, SqliteReceipts};
 use checkout::payments::{
-    ChargeOutcome, Currency, Money, OperationKey, Order, OrderId, Receipt, ReceiptStore,
+    ChargeOutcome, Currency, Money, OperationKey, Order, OrderId, Receipt, Receipts,
 };
 use common::{Backend, TestDb};
 
@@ -29,8 +28,8 @@ async fn open(db: &TestDb) -> Database {
         .expect("open the test database")
 }
 
-/// The whole contract, for any store.
-async fn contract<S: ReceiptStore + 'static>(store: Arc<S>, db: &TestDb) {
+/// The whole contract, for either database.
+async fn contract(store: Arc<Receipts>, db: &TestDb) {
     let op = OperationKey::mint();
     let a = order("C-1", "42.50", "USD");
 
@@ -188,19 +187,17 @@ async fn contract<S: ReceiptStore + 'static>(store: Arc<S>, db: &TestDb) {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn postgres_keeps_the_contract() {
     let db = TestDb::new(Backend::Postgres).await;
-    let Database::Postgres(pool) = open(&db).await else {
-        unreachable!()
-    };
-    contract(Arc::new(PgReceipts::new(pool)), &db).await;
+    let database = open(&db).await;
+    assert_eq!(database.kind(), "postgres");
+    contract(Arc::new(Receipts::new(&database)), &db).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn sqlite_keeps_the_contract() {
     let db = TestDb::new(Backend::Sqlite).await;
-    let Database::Sqlite(sqlite) = open(&db).await else {
-        unreachable!()
-    };
-    contract(Arc::new(SqliteReceipts::new(sqlite.pool())), &db).await;
+    let database = open(&db).await;
+    assert_eq!(database.kind(), "sqlite");
+    contract(Arc::new(Receipts::new(&database)), &db).await;
 }
 
 /// Two instances on one Postgres, each writing groups of charges for the same orders,
@@ -210,10 +207,8 @@ async fn sqlite_keeps_the_contract() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn two_writers_on_one_postgres_never_deadlock() {
     let db = TestDb::new(Backend::Postgres).await;
-    let (Database::Postgres(a), Database::Postgres(b)) = (open(&db).await, open(&db).await) else {
-        unreachable!()
-    };
-    let stores = [Arc::new(PgReceipts::new(a)), Arc::new(PgReceipts::new(b))];
+    let (a, b) = (open(&db).await, open(&db).await);
+    let stores = [Arc::new(Receipts::new(&a)), Arc::new(Receipts::new(&b))];
     for round in 0..20 {
         let ids: Vec<String> = (0..10).map(|i| format!("D-{round}-{i}")).collect();
         let mut tasks = tokio::task::JoinSet::new();

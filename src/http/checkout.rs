@@ -19,7 +19,8 @@ use super::{Answer, AppState, ReceiptView};
 use crate::assistant::{
     ChargeStatus, CheckoutContext, CheckoutError, CheckoutOutcome, FailureKind,
 };
-use crate::idempotency::{Caller, Fingerprint};
+use crate::caller::Caller;
+use crate::idempotency::Fingerprint;
 use crate::payments::money::json_decimal;
 use crate::payments::{Currency, Money, OperationKey, Order, OrderId};
 
@@ -289,7 +290,7 @@ pub async fn checkout(
     Params(query): Params<CheckoutQuery>,
     JsonBody(body): JsonBody<CheckoutBody>,
 ) -> Response {
-    let order = match order(query, body, app.settings().max_amount) {
+    let order = match order(query, body, app.settings().payments.max_amount) {
         Ok(order) => order,
         Err(problem) => return problem.into_response(),
     };

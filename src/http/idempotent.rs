@@ -15,7 +15,7 @@ use utoipa::openapi::{ObjectBuilder, Required, Type};
 
 use super::error::{Code, Problem};
 use super::{Answer, AppState};
-use crate::idempotency::{self, Begin, Fingerprint, Lease, RecordStore, Saved};
+use crate::idempotency::{self, Begin, Fingerprint, Lease, Saved};
 use crate::payments::OperationKey;
 
 pub const HEADER: &str = "idempotency-key";
@@ -117,9 +117,9 @@ pub async fn once(
         app.records(),
         scope,
         key.as_str(),
-        fingerprint,
-        settings.idempotency_lease,
-        settings.idempotency_ttl,
+        &fingerprint,
+        settings.idempotency.lease,
+        settings.idempotency.ttl,
     )
     .await;
     match begun {
@@ -170,7 +170,7 @@ async fn owned(
     work: impl Future<Output = Answer> + Send + 'static,
 ) -> Answer {
     let records = app.records().clone();
-    let lease_for = app.settings().idempotency_lease;
+    let lease_for = app.settings().idempotency.lease;
     let renew = async {
         let mut tick = tokio::time::interval(lease_for / 3);
         tick.tick().await;

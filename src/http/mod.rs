@@ -181,11 +181,11 @@ struct ApiDoc;
 pub fn router(state: AppState) -> Router {
     let (router, api) = api_parts();
     let settings = state.settings();
-    let server_timeout = settings.server_timeout;
+    let server_timeout = settings.server.timeout;
     router
         .merge(SwaggerUi::new("/swagger-ui").url("/api-docs/openapi.json", api))
         .fallback(|| async { Problem::new(Code::NotFound, "no such endpoint; see /swagger-ui/") })
-        .layer(DefaultBodyLimit::max(settings.body_limit_bytes))
+        .layer(DefaultBodyLimit::max(settings.server.body_limit_bytes))
         .layer(TimeoutLayer::with_status_code(
             StatusCode::GATEWAY_TIMEOUT,
             server_timeout,

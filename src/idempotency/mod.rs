@@ -9,23 +9,14 @@
 //! locks: the primary key and conditional updates decide every race, so the same SQL
 //! runs on Postgres-compatible distributed databases.
 
-mod postgres;
-mod sqlite;
+mod records;
 
-use std::future::Future;
 use std::time::Duration;
 
-pub use postgres::PgRecords;
-pub use sqlite::SqliteRecords;
+pub use records::{Lease, Saved};
 
 use crate::db::{Database, StoreError};
 use crate::payments::Order;
-
-/// Who is calling. An authentication layer that knows the caller inserts this into the
-/// request's extensions, and keys are then scoped to it: two callers may use the same key
-/// without meeting. Without it, every request is the anonymous caller (scope `""`).
-#[derive(Clone, Debug, Default, PartialEq, Eq)]
-pub struct Caller(pub String);
 
 /// What makes two requests the same request: method, path, and the canonical order.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -46,41 +37,6 @@ impl Fingerprint {
     }
 }
 
-/// The right to work on a key, until the lease lapses or another instance takes it.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub struct Lease {
-    pub scope: String,
-    pub key: String,
-    pub fence: i64,
-}
-
-/// A finished answer, kept for replay.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub struct Saved {
-    pub status: u16,
-    pub content_type: String,
-    pub body: Vec<u8>,
-}
-
-impl Saved {
-    /// From the stored columns; `None` while the key is unfinished (no status yet).
-    fn from_columns(
-        status: Option<i64>,
-        content_type: Option<String>,
-        body: Option<Vec<u8>>,
-    ) -> Result<Option<Saved>, StoreError> {
-        let Some(status) = status else {
-            return Ok(None);
-        };
-        Ok(Some(Saved {
-            status: u16::try_from(status)
-                .map_err(|_| StoreError::Corrupt(format!("saved status {status}")))?,
-            content_type: content_type.unwrap_or_default(),
-            body: body.unwrap_or_default(),
-        }))
-    }
-}
-
 /// What `begin` found.
 #[derive(Debug, PartialEq, Eq)]
 pub enum Begin {
@@ -94,165 +50,60 @@ pub enum Begin {
     Mismatch,
 }
 
-/// A record as read, with its times already compared against the database's clock.
-#[derive(Debug)]
-pub struct Record {
-    pub fingerprint: String,
-    pub fence: i64,
-    pub saved: Option<Saved>,
-    /// How long the lease still runs (zero when it has lapsed).
-    pub lease_left: Duration,
-    pub expired: bool,
-}
-
-/// The statements each database provides; [`begin`] composes them.
-pub trait RecordStore: Send + Sync {
-    /// Inserts a fresh record with fence 1, unless the key exists. The fence, if inserted.
-    fn insert(
-        &self,
-        scope: &str,
-        key: &str,
-        fingerprint: &Fingerprint,
-        lease: Duration,
-        ttl: Duration,
-    ) -> impl Future<Output = Result<Option<i64>, StoreError>> + Send;
-
-    fn read(
-        &self,
-        scope: &str,
-        key: &str,
-    ) -> impl Future<Output = Result<Option<Record>, StoreError>> + Send;
-
-    /// Deletes the record if it has expired.
-    fn forget_expired(
-        &self,
-        scope: &str,
-        key: &str,
-    ) -> impl Future<Output = Result<(), StoreError>> + Send;
-
-    /// Takes over an unfinished record whose lease lapsed, if its fence is still `fence`:
-    /// the new fence, or `None` when someone else got there first.
-    fn take_over(
-        &self,
-        scope: &str,
-        key: &str,
-        fence: i64,
-        lease: Duration,
-    ) -> impl Future<Output = Result<Option<i64>, StoreError>> + Send;
-
-    /// Extends the lease; false when it is no longer ours.
-    fn renew(
-        &self,
-        lease: &Lease,
-        lease_for: Duration,
-    ) -> impl Future<Output = Result<bool, StoreError>> + Send;
-
-    /// Saves the answer; false when the lease is no longer ours (nothing is written).
-    fn complete(
-        &self,
-        lease: &Lease,
-        saved: &Saved,
-    ) -> impl Future<Output = Result<bool, StoreError>> + Send;
-
-    /// Ends the lease now without an answer, so the next request runs the operation again.
-    fn release(&self, lease: &Lease) -> impl Future<Output = Result<bool, StoreError>> + Send;
-
-    /// Deletes expired records; how many.
-    fn sweep(&self) -> impl Future<Output = Result<u64, StoreError>> + Send;
-}
-
-/// The records of whichever database the service uses.
+/// The records of the service's database. Each call takes a connection for its statements.
 #[derive(Clone, Debug)]
-pub enum Records {
-    Postgres(PgRecords),
-    Sqlite(SqliteRecords),
+pub struct Records {
+    db: Database,
 }
 
 impl Records {
     pub fn new(db: &Database) -> Records {
-        match db {
-            Database::Postgres(pool) => Records::Postgres(PgRecords::new(pool.clone())),
-            Database::Sqlite(sqlite) => Records::Sqlite(SqliteRecords::new(sqlite.pool())),
-        }
-    }
-}
-
-macro_rules! delegate {
-    ($self:ident, $store:ident => $call:expr) => {
-        match $self {
-            Records::Postgres($store) => $call.await,
-            Records::Sqlite($store) => $call.await,
-        }
-    };
-}
-
-impl RecordStore for Records {
-    async fn insert(
-        &self,
-        scope: &str,
-        key: &str,
-        fingerprint: &Fingerprint,
-        lease: Duration,
-        ttl: Duration,
-    ) -> Result<Option<i64>, StoreError> {
-        delegate!(self, s => s.insert(scope, key, fingerprint, lease, ttl))
+        Records { db: db.clone() }
     }
 
-    async fn read(&self, scope: &str, key: &str) -> Result<Option<Record>, StoreError> {
-        delegate!(self, s => s.read(scope, key))
+    /// Extends the lease; false when it is no longer ours.
+    pub async fn renew(&self, lease: &Lease, lease_for: Duration) -> Result<bool, StoreError> {
+        records::renew(self.db.acquire().await?.conn(), lease, lease_for).await
     }
 
-    async fn forget_expired(&self, scope: &str, key: &str) -> Result<(), StoreError> {
-        delegate!(self, s => s.forget_expired(scope, key))
+    /// Saves the answer; false when the lease is no longer ours (nothing is written).
+    pub async fn complete(&self, lease: &Lease, saved: &Saved) -> Result<bool, StoreError> {
+        records::complete(self.db.acquire().await?.conn(), lease, saved).await
     }
 
-    async fn take_over(
-        &self,
-        scope: &str,
-        key: &str,
-        fence: i64,
-        lease: Duration,
-    ) -> Result<Option<i64>, StoreError> {
-        delegate!(self, s => s.take_over(scope, key, fence, lease))
+    /// Ends the lease now without an answer, so the next request runs the operation again.
+    pub async fn release(&self, lease: &Lease) -> Result<bool, StoreError> {
+        records::release(self.db.acquire().await?.conn(), lease).await
     }
 
-    async fn renew(&self, lease: &Lease, lease_for: Duration) -> Result<bool, StoreError> {
-        delegate!(self, s => s.renew(lease, lease_for))
-    }
-
-    async fn complete(&self, lease: &Lease, saved: &Saved) -> Result<bool, StoreError> {
-        delegate!(self, s => s.complete(lease, saved))
-    }
-
-    async fn release(&self, lease: &Lease) -> Result<bool, StoreError> {
-        delegate!(self, s => s.release(lease))
-    }
-
-    async fn sweep(&self) -> Result<u64, StoreError> {
-        delegate!(self, s => s.sweep())
+    /// Deletes expired records; how many.
+    pub async fn sweep(&self) -> Result<u64, StoreError> {
+        records::sweep(self.db.acquire().await?.conn()).await
     }
 }
 
 /// Claims `key` for this request, or says why not.
 pub async fn begin(
-    store: &impl RecordStore,
+    store: &Records,
     scope: &str,
     key: &str,
     fingerprint: &Fingerprint,
     lease: Duration,
     ttl: Duration,
 ) -> Result<Begin, StoreError> {
+    let mut conn = store.db.acquire().await?;
     // Each turn either decides or loses a race that moved the record on; a handful of
     // turns is more than any real contention needs.
     for _ in 0..8 {
-        if let Some(fence) = store.insert(scope, key, fingerprint, lease, ttl).await? {
+        let fp = fingerprint.as_str();
+        if let Some(fence) = records::insert(conn.conn(), scope, key, fp, lease, ttl).await? {
             return Ok(Begin::Owner(lease_of(scope, key, fence)));
         }
-        let Some(record) = store.read(scope, key).await? else {
+        let Some(record) = records::read(conn.conn(), scope, key).await? else {
             continue; // swept between our insert and our read
         };
         if record.expired {
-            store.forget_expired(scope, key).await?;
+            records::forget_expired(conn.conn(), scope, key).await?;
             continue;
         }
         if record.fingerprint != fingerprint.as_str() {
@@ -266,7 +117,9 @@ pub async fn begin(
                 retry_after: record.lease_left,
             });
         }
-        if let Some(fence) = store.take_over(scope, key, record.fence, lease).await? {
+        if let Some(fence) =
+            records::take_over(conn.conn(), scope, key, record.fence, lease).await?
+        {
             tracing::warn!(
                 key,
                 fence,
@@ -300,8 +153,4 @@ pub async fn sweep_forever(store: Records, every: Duration) {
             Err(err) => tracing::warn!(error = %err, "cannot sweep expired Idempotency-Keys"),
         }
     }
-}
-
-fn millis(d: Duration) -> i64 {
-    i64::try_from(d.as_millis()).unwrap_or(i64::MAX)
 }

@@ -1,6 +1,5 @@
 //! The chat-completions client: request retry ─► request timeout ─► one reqwest POST.
 
-use std::fmt;
 use std::future::Future;
 use std::pin::Pin;
 use std::sync::Arc;
@@ -12,29 +11,11 @@ use reqwest::header::{CONTENT_TYPE, HeaderMap, RETRY_AFTER};
 use tower::util::BoxCloneSyncService;
 use tower::{BoxError, Service, ServiceBuilder, ServiceExt};
 
+use super::call::ModelCall;
 use super::error::{ModelError, ModelErrorKind};
 use super::retry::{RequestRetry, RequestRetrySettings};
 use super::wire::{AssistantMessage, ChatRequest, ChatResponse};
-
-/// A value that must never reach a log line.
-#[derive(Clone, PartialEq, Eq)]
-pub struct Secret(Arc<str>);
-
-impl Secret {
-    pub fn new(value: impl Into<Arc<str>>) -> Self {
-        Secret(value.into())
-    }
-
-    pub fn expose(&self) -> &str {
-        &self.0
-    }
-}
-
-impl fmt::Debug for Secret {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str("Secret(***)")
-    }
-}
+use crate::secret::Secret;
 
 /// Where the model is and how to reach it.
 #[derive(Clone, Debug)]
@@ -47,16 +28,6 @@ pub struct ModelEndpoint {
     /// share one connection instead of holding one each. Over `https://` the client offers
     /// HTTP/2 by ALPN whatever this says.
     pub h2c: bool,
-}
-
-/// One chat-completions request: the serialized body, cloned cheaply for each retry.
-#[derive(Clone, Debug)]
-pub struct ModelCall {
-    pub body: Bytes,
-    /// The loop round this request belongs to (1 = the first request of a loop attempt).
-    pub round: u32,
-    /// 1 for the first send, 2 for the first retry, …
-    pub attempt: u32,
 }
 
 #[derive(Clone)]

@@ -12,7 +12,7 @@ use tower::retry::backoff::{Backoff, ExponentialBackoff};
 use tower::retry::budget::{Budget, TpsBudget};
 use tower::util::rng::HasherRng;
 
-use super::client::ModelCall;
+use super::call::ModelCall;
 use super::error::{ModelError, ModelErrorKind, Stop};
 use super::wire::ChatResponse;
 use crate::retry::jittered_backoff;

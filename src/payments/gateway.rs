@@ -1,6 +1,6 @@
 use super::keys::{ChargeKey, OperationKey, OrderId};
 use super::money::Money;
-use super::store::{ChargeOutcome, Receipt, ReceiptStore, Receipts};
+use super::store::{ChargeOutcome, Receipt, Receipts};
 use crate::db::StoreError;
 
 /// Takes payments. `charge` cannot be called without a [`ChargeKey`], and only a validated

@@ -8,4 +8,4 @@ pub mod store;
 pub use gateway::{ChargeError, Charged, PaymentGateway};
 pub use keys::{ChargeKey, OperationKey, Order, OrderId};
 pub use money::{Currency, Money};
-pub use store::{ChargeOutcome, Receipt, ReceiptStore, Receipts};
+pub use store::{ChargeOutcome, Receipt, Receipts};

@@ -143,20 +143,19 @@ pub fn install_tls() {
 
 /// Settings for tests: short timeouts and backoffs, so a fault costs milliseconds.
 pub fn test_settings(db: &TestDb, model: &ScriptedModel) -> Settings {
-    Settings {
-        listen: SocketAddr::from(([127, 0, 0, 1], 0)),
-        database_url: db.url.clone(),
-        openai_base_url: Some(model.base_url()),
-        request_timeout: Duration::from_millis(400),
-        request_backoff: Duration::from_millis(5),
-        request_backoff_max: Duration::from_millis(20),
-        loop_timeout: Duration::from_millis(3_000),
-        loop_backoff: Duration::from_millis(5),
-        loop_backoff_max: Duration::from_millis(20),
-        server_timeout: Duration::from_millis(20_000),
-        idempotency_lease: Duration::from_millis(1_000),
-        ..Settings::default()
-    }
+    let mut s = Settings::default();
+    s.server.listen = SocketAddr::from(([127, 0, 0, 1], 0));
+    s.database.url = db.url.clone();
+    s.model.base_url = Some(model.base_url());
+    s.request.timeout = Duration::from_millis(400);
+    s.request.backoff_min = Duration::from_millis(5);
+    s.request.backoff_max = Duration::from_millis(20);
+    s.r#loop.retry.timeout = Duration::from_millis(3_000);
+    s.r#loop.retry.backoff_min = Duration::from_millis(5);
+    s.r#loop.retry.backoff_max = Duration::from_millis(20);
+    s.server.timeout = Duration::from_millis(20_000);
+    s.idempotency.lease = Duration::from_millis(1_000);
+    s
 }
 
 /// The scripted model and the service, in this process, on port 0.
@@ -184,7 +183,7 @@ impl Harness {
     }
 
     pub async fn serve(db: TestDb, model: ScriptedModel, settings: Settings) -> Harness {
-        let listener = tokio::net::TcpListener::bind(settings.listen)
+        let listener = tokio::net::TcpListener::bind(settings.server.listen)
             .await
             .expect("bind");
         let base = format!("http://{}", listener.local_addr().unwrap());

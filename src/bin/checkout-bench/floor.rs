@@ -6,7 +6,6 @@
 //! own CPU and print a JSON [`FloorReport`].
 
 use std::io::Write;
-use std::str::FromStr;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::{Duration, Instant};
@@ -14,10 +13,9 @@ use std::time::{Duration, Instant};
 use bytes::Bytes;
 use chrono::{SecondsFormat, SubsecRound, Utc};
 use serde::{Deserialize, Serialize};
-use sqlx::postgres::PgPoolOptions;
-use sqlx::sqlite::{SqliteConnectOptions, SqliteJournalMode, SqlitePoolOptions, SqliteSynchronous};
 
 use checkout::assistant::{ToolBox, prompts};
+use checkout::db::{Conn, Database, PoolSettings};
 use checkout::model::wire::{ChatRequest, ChatResponse, Message};
 use checkout::payments::{Currency, Money, Order, OrderId};
 
@@ -251,9 +249,10 @@ const SQLITE_INSERT: &str = "\
     RETURNING id, order_id, amount_minor, currency, operation_key, created_at";
 
 /// `floor-sql --database URL --prefix P`: the bare charge statement, a fresh order each
-/// time, through a pool sized and configured as the service's. One statement, one
-/// commit: on SQLite the service does better than this, grouping the charges that
-/// arrive together into one commit (src/payments/store/sqlite.rs).
+/// time, one statement and one commit, on a database opened by the service's own code
+/// (`--pool N`: the Postgres pool size, as `CHECKOUT_DB_MAX_CONNECTIONS`). On SQLite the
+/// service does better than this, grouping the charges that arrive together into one
+/// commit (src/payments/store/group.rs).
 pub fn sql_main(args: &mut Args) -> Result<(), String> {
     let url = args
         .value("--database")?
@@ -264,74 +263,49 @@ pub fn sql_main(args: &mut Args) -> Result<(), String> {
     args.done()?;
     let runtime = tokio::runtime::Runtime::new().map_err(|e| e.to_string())?;
     let report = runtime.block_on(async move {
-        let acquire = Duration::from_secs(2);
-        if url.starts_with("postgres") {
-            let pool = PgPoolOptions::new()
-                .max_connections(pool_size.unwrap_or(16))
-                .acquire_timeout(acquire)
-                .test_before_acquire(false)
-                .connect(&url)
-                .await
-                .map_err(|e| e.to_string())?;
-            span.measure(move |worker, n| {
-                let pool = pool.clone();
-                let order = format!("{prefix}-{worker}-{n}");
-                async move {
-                    let mut conn = pool.acquire().await.map_err(|e| e.to_string())?;
-                    sqlx::query(PG_INSERT)
-                        .bind(uuid::Uuid::now_v7())
+        let pool = PoolSettings {
+            max_connections: pool_size.unwrap_or(16),
+            acquire_timeout: Duration::from_secs(2),
+        };
+        let db = Database::open(&url, &pool)
+            .await
+            .map_err(|e| e.to_string())?;
+        span.measure(move |worker, n| {
+            let db = db.clone();
+            let order = format!("{prefix}-{worker}-{n}");
+            async move {
+                let mut conn = db.acquire().await.map_err(|e| e.to_string())?;
+                let (id, operation, at) = (
+                    uuid::Uuid::now_v7(),
+                    uuid::Uuid::now_v7(),
+                    Utc::now().trunc_subsecs(6),
+                );
+                match conn.conn() {
+                    Conn::Postgres(c) => sqlx::query(PG_INSERT)
+                        .bind(id)
                         .bind(order.as_str())
                         .bind(4250_i64)
                         .bind("USD")
-                        .bind(uuid::Uuid::now_v7().to_string())
-                        .bind(Utc::now().trunc_subsecs(6))
-                        .fetch_optional(&mut *conn)
+                        .bind(operation.to_string())
+                        .bind(at)
+                        .fetch_optional(c)
                         .await
-                        .map_err(|e| e.to_string())?;
-                    Ok(())
-                }
-            })
-            .await
-        } else {
-            // The options the service opens SQLite with (src/db.rs).
-            let options = SqliteConnectOptions::from_str(&url)
-                .map_err(|e| e.to_string())?
-                .create_if_missing(true)
-                .journal_mode(SqliteJournalMode::Wal)
-                .synchronous(SqliteSynchronous::Full)
-                .busy_timeout(acquire)
-                .foreign_keys(true);
-            let pool = SqlitePoolOptions::new()
-                .max_connections(pool_size.unwrap_or(1))
-                .acquire_timeout(acquire)
-                .test_before_acquire(false)
-                .connect_with(options)
-                .await
-                .map_err(|e| e.to_string())?;
-            span.measure(move |worker, n| {
-                let pool = pool.clone();
-                let order = format!("{prefix}-{worker}-{n}");
-                async move {
-                    let mut conn = pool.acquire().await.map_err(|e| e.to_string())?;
-                    sqlx::query(SQLITE_INSERT)
-                        .bind(uuid::Uuid::now_v7().to_string())
+                        .map(drop),
+                    Conn::Sqlite(c) => sqlx::query(SQLITE_INSERT)
+                        .bind(id.to_string())
                         .bind(order.as_str())
                         .bind(4250_i64)
                         .bind("USD")
-                        .bind(uuid::Uuid::now_v7().to_string())
-                        .bind(
-                            Utc::now()
-                                .trunc_subsecs(6)
-                                .to_rfc3339_opts(SecondsFormat::Micros, true),
-                        )
-                        .fetch_optional(&mut *conn)
+                        .bind(operation.to_string())
+                        .bind(at.to_rfc3339_opts(SecondsFormat::Micros, true))
+                        .fetch_optional(c)
                         .await
-                        .map_err(|e| e.to_string())?;
-                    Ok(())
+                        .map(drop),
                 }
-            })
-            .await
-        }
+                .map_err(|e| e.to_string())
+            }
+        })
+        .await
     })?;
     print(&report)
 }

@@ -11,44 +11,22 @@
 //! group) is skipped, and its caller reads the winner.
 
 use std::collections::HashMap;
-use std::future::Future;
 
-use chrono::{DateTime, SubsecRound, Utc};
+use chrono::{SubsecRound, Utc};
 use tokio::sync::{mpsc, oneshot};
 use uuid::Uuid;
 
-use super::Receipt;
-use crate::db::StoreError;
+use super::receipts::{self, NewReceipt, Receipt};
+use crate::db::{Database, Pooled, StoreError};
 use crate::payments::keys::{ChargeKey, OperationKey};
 use crate::payments::money::Money;
-
-/// A receipt row about to be inserted: its id and time are chosen here, once, so that
-/// both databases store the same values (microseconds, as Postgres keeps them).
-#[derive(Debug)]
-pub struct Row {
-    pub id: Uuid,
-    pub order_id: String,
-    pub amount: Money,
-    pub operation_key: String,
-    pub created_at: DateTime<Utc>,
-}
-
-/// How a database inserts a group of rows.
-pub trait InsertGroup: Send + 'static {
-    /// Inserts `rows` in one statement and commit; returns the receipts it made. Rows
-    /// whose order was already charged are not among them.
-    fn insert(
-        &mut self,
-        rows: &[Row],
-    ) -> impl Future<Output = Result<Vec<Receipt>, StoreError>> + Send;
-}
 
 /// The most charges in one statement (SQLite takes up to 32,766 values; a row has six).
 const MAX_GROUP: usize = 512;
 
 #[derive(Debug)]
 struct Pending {
-    row: Row,
+    row: NewReceipt,
     /// The receipt when this row was inserted; `None` when its order was charged before.
     done: oneshot::Sender<Result<Option<Receipt>, StoreError>>,
 }
@@ -61,14 +39,15 @@ pub struct GroupWriter {
 
 impl GroupWriter {
     /// Starts the writer task. It ends when the last clone of the writer is dropped, or
-    /// when `closing` resolves (the pool is being closed): it then lets go of what it
-    /// holds, such as a connection that the pool's `close` would wait for.
-    pub fn start(
-        store: impl InsertGroup,
-        closing: impl Future<Output = ()> + Send + 'static,
-    ) -> GroupWriter {
+    /// when the database is being closed: it then lets go of the connection it keeps,
+    /// which the pool's `close` would wait for.
+    pub fn start(db: &Database) -> GroupWriter {
         let (queue, pending) = mpsc::channel(MAX_GROUP);
-        tokio::spawn(write_groups(store, pending, closing));
+        let writer = Writer {
+            db: db.clone(),
+            kept: None,
+        };
+        tokio::spawn(write_groups(writer, pending, db.close_event()));
         GroupWriter { queue }
     }
 
@@ -81,7 +60,7 @@ impl GroupWriter {
         operation: &OperationKey,
     ) -> Result<Option<Receipt>, StoreError> {
         let (done, committed) = oneshot::channel();
-        let row = Row {
+        let row = NewReceipt {
             id: Uuid::now_v7(),
             order_id: key.order_id().as_str().to_owned(),
             amount,
@@ -99,8 +78,40 @@ impl GroupWriter {
     }
 }
 
+/// The writer's side: a group is one statement on one connection, which it keeps when
+/// the pool has others to spare. Taking one from the pool for every group had the pool
+/// open new ones as load rose, and opening one with TLS takes sqlx about 90 ms here (2–4 ms
+/// without; sqlx 0.9 leaves Nagle on), a stall that every checkout of the group waited out.
+/// SQLite's pool has one connection, which the reads need between groups.
+struct Writer {
+    db: Database,
+    kept: Option<Pooled>,
+}
+
+impl Writer {
+    /// Inserts `rows` in one statement, committed on its own; the receipts it made.
+    ///
+    /// One round trip a group: an explicit transaction (BEGIN, the insert, COMMIT) would
+    /// cost two more on Postgres, and would turn "the charge committed, its answer lost"
+    /// (`tests/db_restart.rs`) into "BEGIN's answer lost, nothing charged". Rows of another
+    /// table that must commit with a receipt join it here: on Postgres as a
+    /// data-modifying CTE of this one statement, or by wrapping it in a transaction.
+    async fn write(&mut self, rows: &[NewReceipt]) -> Result<Vec<Receipt>, StoreError> {
+        let mut conn = match self.kept.take() {
+            Some(conn) => conn,
+            None => self.db.acquire().await?,
+        };
+        let inserted = receipts::insert(conn.conn(), rows).await?;
+        // Kept only after a success: a connection that failed a statement is let go.
+        if self.db.max_connections() > 1 {
+            self.kept = Some(conn);
+        }
+        Ok(inserted)
+    }
+}
+
 async fn write_groups(
-    mut store: impl InsertGroup,
+    mut writer: Writer,
     mut pending: mpsc::Receiver<Pending>,
     closing: impl Future<Output = ()>,
 ) {
@@ -114,7 +125,7 @@ async fn write_groups(
         // One order for every group of every instance: two groups racing for the same
         // orders on one Postgres wait for each other in that order, and cannot deadlock.
         group.sort_by(|a, b| a.row.order_id.cmp(&b.row.order_id));
-        let (rows, mut waiting): (Vec<Row>, Vec<_>) =
+        let (rows, mut waiting): (Vec<NewReceipt>, Vec<_>) =
             group.drain(..).map(|p| (p.row, p.done)).unzip();
         // A write is bounded by its callers' patience, as a statement of their own would
         // be: when every one of them has given up (their loop timed out), so does the
@@ -125,7 +136,7 @@ async fn write_groups(
             }
         };
         let mut written = tokio::select! {
-            written = store.insert(&rows) => written.map(|receipts| {
+            written = writer.write(&rows) => written.map(|receipts| {
                 receipts.into_iter().map(|r| (r.id, r)).collect::<HashMap<Uuid, Receipt>>()
             }),
             () = everyone_gone => continue,

@@ -1,5 +1,13 @@
 //! The database behind receipts and idempotency records: Postgres when `DATABASE_URL`
 //! says `postgres://`, else a SQLite file (the embedded default).
+//!
+//! The one place that names both drivers. Stores write one SQL text per statement and run
+//! it on a [`Conn`] with [`on_conn!`]; both dialects' migrations define a `clock` view
+//! (`now_ms`, epoch milliseconds), so a statement that needs the time reads the database's
+//! clock the same way on both.
+
+mod conn;
+mod error;
 
 use std::fs::{File, OpenOptions, TryLockError};
 use std::io::Write;
@@ -8,10 +16,26 @@ use std::str::FromStr;
 use std::sync::Arc;
 use std::time::Duration;
 
+use sqlx::pool::CloseEvent;
 use sqlx::postgres::{PgPool, PgPoolOptions};
 use sqlx::sqlite::{
     SqliteConnectOptions, SqliteJournalMode, SqlitePool, SqlitePoolOptions, SqliteSynchronous,
 };
+
+pub use conn::{Conn, Pooled};
+pub use error::StoreError;
+
+/// Runs `$body` with `$c` bound to the driver's connection, whichever it is: one text of
+/// Rust and SQL for both databases, type-checked against each.
+macro_rules! on_conn {
+    ($conn:expr, $c:ident => $body:expr) => {
+        match $conn {
+            $crate::db::Conn::Postgres($c) => $body,
+            $crate::db::Conn::Sqlite($c) => $body,
+        }
+    };
+}
+pub(crate) use on_conn;
 
 /// Pool sizing, from the settings.
 #[derive(Clone, Debug)]
@@ -20,25 +44,20 @@ pub struct PoolSettings {
     pub acquire_timeout: Duration,
 }
 
+/// The service's database: a pool of either driver.
 #[derive(Clone, Debug)]
-pub enum Database {
-    Postgres(PgPool),
-    Sqlite(SqliteDb),
-}
-
-/// A SQLite database this process holds alone: SQLite's own locks keep one process's
-/// writes whole, but two services sharing one file would each believe its pool and its
-/// idempotency leases are the only ones. So the file is locked for the process lifetime.
-#[derive(Clone, Debug)]
-pub struct SqliteDb {
-    pool: SqlitePool,
+pub struct Database {
+    pool: Pool,
+    /// A SQLite database this process holds alone: SQLite's own locks keep one process's
+    /// writes whole, but two services sharing one file would each believe its pool and its
+    /// idempotency leases are the only ones. So the file is locked for the process lifetime.
     _lock: Option<Arc<File>>,
 }
 
-impl SqliteDb {
-    pub fn pool(&self) -> SqlitePool {
-        self.pool.clone()
-    }
+#[derive(Clone, Debug)]
+enum Pool {
+    Postgres(PgPool),
+    Sqlite(SqlitePool),
 }
 
 /// Why the database could not be opened at start-up.
@@ -61,78 +80,13 @@ pub enum OpenError {
     Migrate(#[source] sqlx::migrate::MigrateError),
 }
 
-/// A database failure met while serving a request. Cloneable: one failed group commit
-/// fails every charge in it.
-#[derive(Clone, Debug, thiserror::Error)]
-pub enum StoreError {
-    /// No connection could be had: the statement was never sent. Worth a retry.
-    #[error("cannot reach the database: {0}")]
-    Unreachable(#[source] Arc<sqlx::Error>),
-    /// The connection failed under the statement, or the database asked us to try again:
-    /// the statement may or may not have taken effect. Worth a retry.
-    #[error("database unavailable: {0}")]
-    Unavailable(#[source] Arc<sqlx::Error>),
-    #[error("database error: {0}")]
-    Other(#[source] Arc<sqlx::Error>),
-    #[error("unexpected data in the database: {0}")]
-    Corrupt(String),
-}
-
-impl StoreError {
-    pub fn is_transient(&self) -> bool {
-        matches!(
-            self,
-            StoreError::Unreachable(_) | StoreError::Unavailable(_)
-        )
-    }
-
-    /// True when the statement cannot have reached the database: no connection was had.
-    pub fn never_sent(&self) -> bool {
-        matches!(self, StoreError::Unreachable(_))
-    }
-
-    /// For a failure to get a connection from the pool.
-    pub fn unreachable(err: sqlx::Error) -> StoreError {
-        StoreError::Unreachable(Arc::new(err))
-    }
-}
-
-impl From<sqlx::Error> for StoreError {
-    fn from(err: sqlx::Error) -> Self {
-        if is_transient(&err) {
-            StoreError::Unavailable(Arc::new(err))
-        } else {
-            StoreError::Other(Arc::new(err))
-        }
-    }
-}
-
-fn is_transient(err: &sqlx::Error) -> bool {
-    use sqlx::Error::*;
-    match err {
-        Io(_) | Tls(_) | PoolTimedOut | PoolClosed | WorkerCrashed | Protocol(_) => true,
-        Database(db) => db.code().is_some_and(|code| {
-            // Postgres: connection exceptions (08…), operator intervention such as
-            // admin_shutdown (57P…), too_many_connections, serialization failure, deadlock.
-            // SQLite: BUSY and LOCKED and their extended codes.
-            code.starts_with("08")
-                || code.starts_with("57P")
-                || matches!(
-                    code.as_ref(),
-                    "53300" | "40001" | "40P01" | "5" | "6" | "261" | "517" | "773" | "262"
-                )
-        }),
-        _ => false,
-    }
-}
-
 static PG_MIGRATIONS: sqlx::migrate::Migrator = sqlx::migrate!("migrations/postgres");
 static SQLITE_MIGRATIONS: sqlx::migrate::Migrator = sqlx::migrate!("migrations/sqlite");
 
 impl Database {
     /// Opens the database `url` names and applies the migrations it lacks.
     pub async fn open(url: &str, pool: &PoolSettings) -> Result<Database, OpenError> {
-        let db = if url.starts_with("postgres://") || url.starts_with("postgresql://") {
+        if url.starts_with("postgres://") || url.starts_with("postgresql://") {
             let pg = PgPoolOptions::new()
                 .max_connections(pool.max_connections)
                 .acquire_timeout(pool.acquire_timeout)
@@ -144,7 +98,10 @@ impl Database {
                 .await
                 .map_err(OpenError::Connect)?;
             PG_MIGRATIONS.run(&pg).await.map_err(OpenError::Migrate)?;
-            Database::Postgres(pg)
+            Ok(Database {
+                pool: Pool::Postgres(pg),
+                _lock: None,
+            })
         } else if url.starts_with("sqlite:") {
             let options = SqliteConnectOptions::from_str(url)
                 .map_err(OpenError::Connect)?
@@ -172,48 +129,70 @@ impl Database {
                 .run(&sqlite)
                 .await
                 .map_err(OpenError::Migrate)?;
-            Database::Sqlite(SqliteDb {
-                pool: sqlite,
+            Ok(Database {
+                pool: Pool::Sqlite(sqlite),
                 _lock: lock,
             })
         } else {
-            return Err(OpenError::Scheme(url.chars().take(40).collect()));
-        };
-        Ok(db)
+            Err(OpenError::Scheme(url.chars().take(40).collect()))
+        }
     }
 
     /// `postgres` or `sqlite`.
     pub fn kind(&self) -> &'static str {
-        match self {
-            Database::Postgres(_) => "postgres",
-            Database::Sqlite(_) => "sqlite",
+        match self.pool {
+            Pool::Postgres(_) => "postgres",
+            Pool::Sqlite(_) => "sqlite",
         }
     }
 
+    /// A connection from the pool. A failure is [`StoreError::Unreachable`]: no statement
+    /// was sent.
+    pub async fn acquire(&self) -> Result<Pooled, StoreError> {
+        Ok(match &self.pool {
+            Pool::Postgres(pool) => {
+                Pooled::Postgres(pool.acquire().await.map_err(StoreError::unreachable)?)
+            }
+            Pool::Sqlite(pool) => {
+                Pooled::Sqlite(pool.acquire().await.map_err(StoreError::unreachable)?)
+            }
+        })
+    }
+
     pub async fn ping(&self) -> Result<(), StoreError> {
-        match self {
-            Database::Postgres(pool) => {
-                sqlx::query("SELECT 1").execute(pool).await?;
-            }
-            Database::Sqlite(db) => {
-                sqlx::query("SELECT 1").execute(&db.pool).await?;
-            }
-        }
+        let mut conn = self.acquire().await?;
+        on_conn!(conn.conn(), c => sqlx::query("SELECT 1").execute(c).await.map(drop))?;
         Ok(())
     }
 
     /// Connections open now (in use or idle).
     pub fn connections(&self) -> u32 {
-        match self {
-            Database::Postgres(pool) => pool.size(),
-            Database::Sqlite(db) => db.pool.size(),
+        match &self.pool {
+            Pool::Postgres(pool) => pool.size(),
+            Pool::Sqlite(pool) => pool.size(),
+        }
+    }
+
+    /// The most connections the pool opens (SQLite: one).
+    pub fn max_connections(&self) -> u32 {
+        match &self.pool {
+            Pool::Postgres(pool) => pool.options().get_max_connections(),
+            Pool::Sqlite(pool) => pool.options().get_max_connections(),
+        }
+    }
+
+    /// Resolves when [`Database::close`] begins: a task holding a connection lets it go.
+    pub fn close_event(&self) -> CloseEvent {
+        match &self.pool {
+            Pool::Postgres(pool) => pool.close_event(),
+            Pool::Sqlite(pool) => pool.close_event(),
         }
     }
 
     pub async fn close(&self) {
-        match self {
-            Database::Postgres(pool) => pool.close().await,
-            Database::Sqlite(db) => db.pool.close().await,
+        match &self.pool {
+            Pool::Postgres(pool) => pool.close().await,
+            Pool::Sqlite(pool) => pool.close().await,
         }
     }
 }

@@ -5,23 +5,14 @@
 //! The same binary is the load generator (`load`) and the floor's bare parts
 //! (`floor-axum`, `floor-reqwest`, `floor-sql`), each run as a process of its own.
 
-#[path = "checkout-bench/args.rs"]
 mod args;
-#[path = "checkout-bench/bench.rs"]
 mod bench;
-#[path = "checkout-bench/child.rs"]
 mod child;
-#[path = "checkout-bench/floor.rs"]
 mod floor;
-#[path = "checkout-bench/load.rs"]
 mod load;
-#[path = "checkout-bench/procfs.rs"]
 mod procfs;
-#[path = "checkout-bench/real_model.rs"]
 mod real_model;
-#[path = "checkout-bench/report.rs"]
 mod report;
-#[path = "checkout-bench/svg.rs"]
 mod svg;
 
 use std::process::ExitCode;

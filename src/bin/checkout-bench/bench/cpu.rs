@@ -1,0 +1,96 @@
+//! Figure 1: CPU per checkout against its floor.
+
+use super::*;
+
+impl Bench {
+    /// Figure 1: CPU per checkout against the floor, 64 concurrent, instant model.
+    pub(super) fn cpu(&mut self, db: &Db) -> Result<(), String> {
+        let plan = self.plan.clone();
+        let (mut service, mut axum, mut pair, mut sql, mut floor, mut ratio, mut rate) =
+            (vec![], vec![], vec![], vec![], vec![], vec![], vec![]);
+        let mut runs = Vec::new();
+        for run in 1..=plan.cpu_runs {
+            let model = child::model(&self.env, "model-instant", 0, "")?;
+            let svc = child::service(
+                &self.env,
+                &format!("service-cpu-{}", db.name),
+                &db.service_url,
+                &model.url,
+                &self.plan.service_env,
+            )?;
+            let (svc_load, svc_cpu) = self.measured_load(&svc, &format!("c{run}"))?;
+            svc.stop();
+            let floor_axum = child::floor_axum(&self.env)?;
+            let (axum_load, axum_cpu) = self.measured_load(&floor_axum, &format!("a{run}"))?;
+            floor_axum.stop();
+            let span = |extra: &[&str]| {
+                let mut a: Vec<String> = extra.iter().map(|s| s.to_string()).collect();
+                a.extend([
+                    "--concurrency".into(),
+                    plan.cpu_concurrency.to_string(),
+                    "--warmup-ms".into(),
+                    plan.cpu_warmup_ms.to_string(),
+                    "--duration-ms".into(),
+                    plan.cpu_duration_ms.to_string(),
+                ]);
+                a
+            };
+            let reqwest: FloorReport = child::run_json(
+                &self.env,
+                "floor-reqwest",
+                &span(&["floor-reqwest", "--model", &model.url]),
+            )?;
+            model.stop();
+            let statement: FloorReport = child::run_json(
+                &self.env,
+                "floor-sql",
+                &span(&[
+                    "floor-sql",
+                    "--database",
+                    &db.floor_url,
+                    "--prefix",
+                    &format!("f{run}"),
+                ]),
+            )?;
+            let s = ms(svc_cpu) * 1000.0 / svc_load.ok as f64;
+            let a = ms(axum_cpu) * 1000.0 / axum_load.ok as f64;
+            let p = reqwest.cpu_per_op_us();
+            let q = statement.cpu_per_op_us();
+            self.note(&format!(
+                "cpu {} run {run}: service {s:.1} us/checkout ({} checkouts, {:.0}/s, p50 {:.2} ms, p99 {:.2} ms); floor: axum {a:.1} + 2 POSTs {p:.1} + sql {q:.1} = {:.1} us; ratio {:.2}",
+                db.name,
+                svc_load.ok,
+                svc_load.ok as f64 / svc_load.wall_ms * 1000.0,
+                svc_load.latency.p50,
+                svc_load.latency.p99,
+                a + p + q,
+                s / (a + p + q)
+            ));
+            service.push(s);
+            axum.push(a);
+            pair.push(p);
+            sql.push(q);
+            floor.push(a + p + q);
+            ratio.push(s / (a + p + q));
+            rate.push(svc_load.ok as f64 / svc_load.wall_ms * 1000.0);
+            runs.push(json!({
+                "service": {"load": svc_load, "cpu_ms": ms(svc_cpu)},
+                "axum": {"load": axum_load, "cpu_ms": ms(axum_cpu)},
+                "reqwest_pairs": reqwest,
+                "sql_statements": statement,
+            }));
+        }
+        let d = db.name;
+        self.metrics.extend([
+            Metric::new(1, "CPU per checkout, service", d, "us", service),
+            Metric::new(1, "floor: bare axum handler", d, "us", axum),
+            Metric::new(1, "floor: 2 bare reqwest POSTs", d, "us", pair),
+            Metric::new(1, "floor: bare sqlx charge", d, "us", sql),
+            Metric::new(1, "floor, total", d, "us", floor),
+            Metric::new(1, "ratio service / floor", d, "x", ratio).target(Target::AtMost(1.5)),
+            Metric::new(1, "checkouts/s at 64 (instant model)", d, "1/s", rate),
+        ]);
+        self.details.insert(format!("cpu/{d}"), json!(runs));
+        Ok(())
+    }
+}

@@ -1,0 +1,13 @@
+use bytes::Bytes;
+
+/// One chat-completions request: the serialized body, cloned cheaply for each retry. Its
+/// own file, so that the client (which sends it) and the request retry (which repeats it)
+/// both depend on it and not on each other.
+#[derive(Clone, Debug)]
+pub struct ModelCall {
+    pub body: Bytes,
+    /// The loop round this request belongs to (1 = the first request of a loop attempt).
+    pub round: u32,
+    /// 1 for the first send, 2 for the first retry, …
+    pub attempt: u32,
+}

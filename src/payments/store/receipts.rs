@@ -1,0 +1,134 @@
+//! The receipts table: one row per charged order. The unique `order_id` is the charge key:
+//! a second charge of the same order conflicts here and changes nothing.
+//!
+//! Its columns are part of the operator contract and keep each database's own types
+//! (Postgres: UUID and TIMESTAMPTZ; SQLite: the same values as text), so the group insert
+//! binds them per driver; every other statement is one text for both.
+
+use chrono::{DateTime, SecondsFormat, Utc};
+use sqlx::QueryBuilder;
+use uuid::Uuid;
+
+use crate::db::{Conn, StoreError, on_conn};
+use crate::payments::keys::OrderId;
+use crate::payments::money::{Currency, Money};
+
+/// Proof that an order was charged.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Receipt {
+    pub id: Uuid,
+    pub order_id: OrderId,
+    pub amount: Money,
+    /// The operation that made the charge (its `Idempotency-Key`, or the minted UUIDv7).
+    pub operation_key: String,
+    pub created_at: DateTime<Utc>,
+}
+
+/// A receipt row about to be inserted: its id and time are chosen once, in Rust, so that
+/// both databases store the same values (microseconds, as Postgres keeps them).
+#[derive(Debug)]
+pub struct NewReceipt {
+    pub id: Uuid,
+    pub order_id: String,
+    pub amount: Money,
+    pub operation_key: String,
+    pub created_at: DateTime<Utc>,
+}
+
+/// One statement for a group of any size, so that Postgres prepares it once per connection.
+const INSERT_UNNEST: &str = "\
+    INSERT INTO receipts (id, order_id, amount_minor, currency, operation_key, created_at) \
+    SELECT * FROM UNNEST($1::uuid[], $2::text[], $3::int8[], $4::text[], $5::text[], $6::timestamptz[]) \
+    ON CONFLICT (order_id) DO NOTHING \
+    RETURNING CAST(id AS TEXT) AS id, order_id, amount_minor, currency, operation_key, created_at";
+
+/// SQLite has no arrays: a multi-row `VALUES` between these two, prepared in microseconds.
+const INSERT_VALUES: &str =
+    "INSERT INTO receipts (id, order_id, amount_minor, currency, operation_key, created_at) ";
+const ON_CONFLICT: &str = " ON CONFLICT (order_id) DO NOTHING \
+    RETURNING CAST(id AS TEXT) AS id, order_id, amount_minor, currency, operation_key, created_at";
+
+const FIND: &str = "\
+    SELECT CAST(id AS TEXT) AS id, order_id, amount_minor, currency, operation_key, created_at \
+    FROM receipts WHERE order_id = $1";
+
+/// Inserts `rows` in one statement; the receipts it made. A row whose order was already
+/// charged (before, or by an earlier row of `rows`) is skipped and not among them.
+pub async fn insert(conn: Conn<'_>, rows: &[NewReceipt]) -> Result<Vec<Receipt>, StoreError> {
+    let stored: Vec<Stored> = match conn {
+        Conn::Postgres(c) => {
+            sqlx::query_as(INSERT_UNNEST)
+                .bind(rows.iter().map(|r| r.id).collect::<Vec<_>>())
+                .bind(rows.iter().map(|r| r.order_id.as_str()).collect::<Vec<_>>())
+                .bind(rows.iter().map(|r| r.amount.minor()).collect::<Vec<_>>())
+                .bind(
+                    rows.iter()
+                        .map(|r| r.amount.currency().code())
+                        .collect::<Vec<_>>(),
+                )
+                .bind(
+                    rows.iter()
+                        .map(|r| r.operation_key.as_str())
+                        .collect::<Vec<_>>(),
+                )
+                .bind(rows.iter().map(|r| r.created_at).collect::<Vec<_>>())
+                .fetch_all(c)
+                .await?
+        }
+        Conn::Sqlite(c) => {
+            let mut statement = QueryBuilder::new(INSERT_VALUES);
+            statement.push_values(rows, |mut values, row| {
+                values
+                    .push_bind(row.id.hyphenated().to_string())
+                    .push_bind(row.order_id.clone())
+                    .push_bind(row.amount.minor())
+                    .push_bind(row.amount.currency().code())
+                    .push_bind(row.operation_key.clone())
+                    .push_bind(row.created_at.to_rfc3339_opts(SecondsFormat::Micros, true));
+            });
+            statement.push(ON_CONFLICT);
+            statement.build_query_as().fetch_all(c).await?
+        }
+    };
+    stored.into_iter().map(Stored::into_receipt).collect()
+}
+
+/// The receipt of `order`, if it was charged.
+pub async fn find(conn: Conn<'_>, order: &OrderId) -> Result<Option<Receipt>, StoreError> {
+    let stored: Option<Stored> = on_conn!(conn, c => sqlx::query_as(FIND)
+        .bind(order.as_str())
+        .fetch_optional(c)
+        .await?);
+    stored.map(Stored::into_receipt).transpose()
+}
+
+/// A row as both databases return it: the id cast to text by the statement, the time
+/// decoded from TIMESTAMPTZ or from RFC 3339 text.
+#[derive(sqlx::FromRow)]
+struct Stored {
+    id: String,
+    order_id: String,
+    amount_minor: i64,
+    currency: String,
+    operation_key: String,
+    created_at: DateTime<Utc>,
+}
+
+impl Stored {
+    /// Refuses values no charge could have written.
+    fn into_receipt(self) -> Result<Receipt, StoreError> {
+        let id = Uuid::parse_str(&self.id)
+            .map_err(|e| StoreError::Corrupt(format!("receipt id {:?}: {e}", self.id)))?;
+        let corrupt = |what: String| StoreError::Corrupt(format!("receipt {id}: {what}"));
+        let currency = Currency::parse(&self.currency).map_err(|e| corrupt(e.to_string()))?;
+        Ok(Receipt {
+            id,
+            order_id: OrderId::parse(&self.order_id)
+                .map_err(|e| corrupt(format!("order id {e}")))?,
+            amount: Money::from_minor(self.amount_minor, currency)
+                .map_err(|e| corrupt(format!("amount {e}")))?,
+            operation_key: self.operation_key,
+            created_at: self.created_at,
+        })
+    }
+}
