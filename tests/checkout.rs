@@ -404,6 +404,30 @@ async fn the_openapi_document_describes_every_field_and_error() {
     assert!(ui.text().contains("swagger"), "{}", ui.text());
 }
 
+/// Swagger UI shows each error status with examples of its own codes, not the 400's.
+#[test]
+fn each_error_status_documents_an_example_of_each_of_its_codes() {
+    let doc = serde_json::to_value(checkout::http::openapi()).unwrap();
+    let responses = &doc["paths"]["/checkout"]["post"]["responses"];
+    for (status, codes) in [
+        ("400", &["invalid_request"][..]),
+        ("409", &["amount_conflict", "in_flight"]),
+        ("422", &["key_reuse"]),
+        ("502", &["model_did_not_charge", "model_error"]),
+        ("503", &["unavailable"]),
+        ("504", &["deadline_exceeded"]),
+    ] {
+        let examples = responses[status]["content"]["application/problem+json"]["examples"]
+            .as_object()
+            .unwrap_or_else(|| panic!("{status} has no examples"));
+        assert_eq!(examples.keys().collect::<Vec<_>>(), codes, "{status}");
+        for (code, example) in examples {
+            assert_eq!(example["value"]["code"], code.as_str(), "{status}");
+            assert_eq!(example["value"]["status"].to_string(), status, "{status}");
+        }
+    }
+}
+
 /// The served OpenAPI document is pinned in `tests/snapshots/openapi.json`: a change to
 /// the HTTP contract shows here as a diff, to be read and then committed.
 #[tokio::test]
