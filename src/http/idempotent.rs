@@ -117,7 +117,7 @@ pub async fn once(
         app.records(),
         scope,
         key.as_str(),
-        &fingerprint,
+        fingerprint,
         settings.idempotency.lease,
         settings.idempotency.ttl,
     )
