@@ -141,7 +141,11 @@ async fn a_transient_failure_is_not_saved_and_the_key_stays_usable() {
 
 #[tokio::test]
 async fn final_failures_are_saved_and_replayed() {
-    let h = Harness::with(Backend::Sqlite, "no-charge@1x1", |_| {}).await;
+    // No nudge: the model's first answer is its last, a final 502.
+    let h = Harness::with(Backend::Sqlite, "no-charge@1x1", |s| {
+        s.r#loop.max_nudges = 0
+    })
+    .await;
     let refused = keyed(&h, "I-7", "1.00").await;
     assert_eq!(refused.problem(502)["code"], "model_did_not_charge");
     let replay = keyed(&h, "I-7", "1.00").await;

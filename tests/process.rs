@@ -244,7 +244,7 @@ async fn debug_logs_carry_every_model_body_and_never_the_api_key() {
     let logs = process.logs();
     let requests = logs
         .iter()
-        .filter(|l| l.contains("model request") && l.contains("Charge order D-1"))
+        .filter(|l| l.contains("model request") && l.contains("Charge order") && l.contains("D-1"))
         .count();
     let responses = logs
         .iter()
