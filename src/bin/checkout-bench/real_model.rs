@@ -296,11 +296,12 @@ async fn forward(
         .unwrap_or_default()
         .to_owned();
     let round = 1 + messages.iter().filter(|m| m["role"] == "assistant").count() as u32;
-    // The longest known id the user message names ("X.1:2", not "X.1").
+    // The known id the user message names as a whole word ("X.1:2", not "X.1"; "Y", not
+    // the Y of "JPY").
     let order = ORDERS
         .iter()
         .map(|(id, _, _)| *id)
-        .filter(|id| first_user.contains(id))
+        .filter(|id| names_whole(&first_user, id))
         .max_by_key(|id| id.len())
         .unwrap_or("?")
         .to_owned();
@@ -334,6 +335,16 @@ async fn forward(
         [(axum::http::header::CONTENT_TYPE, "application/json")],
         answer,
     )
+}
+
+/// Whether `text` has `id` with no order-id character on either side.
+fn names_whole(text: &str, id: &str) -> bool {
+    let part_of_id = |c: char| c.is_ascii_alphanumeric() || "._:-".contains(c);
+    text.match_indices(id).any(|(at, _)| {
+        let before = text[..at].chars().next_back();
+        let after = text[at + id.len()..].chars().next();
+        !before.is_some_and(part_of_id) && !after.is_some_and(|c| part_of_id(c) && c != '.')
+    })
 }
 
 async fn run_orders(
