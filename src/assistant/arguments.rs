@@ -8,6 +8,7 @@
 use serde::Deserialize;
 use serde_json::value::RawValue;
 
+use crate::payments::money::json_decimal;
 use crate::payments::{Currency, Money, Order};
 
 /// The arguments of a `charge` call as the model wrote them.
@@ -107,14 +108,7 @@ fn is_json_integer(text: &str) -> bool {
 pub fn amount(raw: &RawValue, currency: Currency) -> Result<Money, Refusal> {
     let written = raw.get();
     let unreadable = || Refusal::Unreadable(written.to_owned());
-    let text = if written.starts_with('"') {
-        serde_json::from_str::<String>(written).map_err(|_| unreadable())?
-    } else if written.starts_with(|c: char| c.is_ascii_digit() || c == '-') {
-        // A JSON number, from its digits.
-        written.to_owned()
-    } else {
-        return Err(unreadable());
-    };
+    let text = json_decimal(raw).ok_or_else(unreadable)?;
     let text = text.trim();
     let (Some(first), Some(last)) = (
         text.find(|c: char| c.is_ascii_digit()),
