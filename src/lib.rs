@@ -8,6 +8,7 @@ pub mod config;
 pub mod db;
 pub mod http;
 pub mod idempotency;
+pub mod metrics;
 pub mod model;
 pub mod payments;
 pub mod retry;
@@ -24,6 +25,7 @@ use assistant::{AgentLoop, Assistant, LoopLimits, ToolBox};
 use config::{Provider, Settings};
 use db::{Database, OpenError};
 use http::{AppState, ModelInfo};
+use metrics::Metrics;
 use model::scripted::{Script, ScriptedModel};
 use model::{ModelClient, ModelEndpoint};
 use payments::{PaymentGateway, Receipts};
@@ -80,16 +82,18 @@ impl App {
                 "the built-in scripted model is in use: no OPENAI_API_KEY or OPENAI_BASE_URL is set, so no real model is asked",
             ),
         };
-        let client =
-            ModelClient::new(&endpoint, &settings.request).map_err(StartError::ModelClient)?;
+        let metrics = Metrics::new();
+        let client = ModelClient::new(&endpoint, &settings.request, &metrics)
+            .map_err(StartError::ModelClient)?;
         let gateway = PaymentGateway::new(Receipts::new(&db));
         let limits = LoopLimits {
             max_rounds: settings.r#loop.max_rounds,
             max_nudges: settings.r#loop.max_nudges,
             max_tokens: assistant::MAX_TOKENS,
         };
-        let agent = AgentLoop::new(client, ToolBox::new(gateway.clone()), limits);
-        let assistant = Assistant::new(agent, &settings.r#loop.retry);
+        let tools = ToolBox::new(gateway.clone(), metrics.clone());
+        let agent = AgentLoop::new(client, tools, limits);
+        let assistant = Assistant::new(agent, &settings.r#loop.retry, &metrics);
         announce(&settings, &db, &info);
         let sweep_every = (settings.idempotency.ttl / 4).clamp(
             std::time::Duration::from_millis(100),
@@ -100,7 +104,7 @@ impl App {
             sweep_every,
         ));
         Ok(App {
-            state: AppState::new(settings, db, gateway, assistant, info),
+            state: AppState::new(settings, db, gateway, assistant, info, metrics),
             scripted,
             sweeper,
         })

@@ -100,7 +100,9 @@ impl Inner {
         };
         let mut receipt: Option<Receipt> = None;
         let mut nudges = 0;
+        let mut rounds = self.model.metrics().loop_rounds();
         for round in 1..=limits.max_rounds {
+            rounds.reached(round);
             // The model call and the tools are boxed: each lives only while it runs, so a
             // loop waiting on the model holds a small future, not the largest of both
             // (thousands of loops wait at once).

@@ -58,6 +58,17 @@ impl FailureKind {
         }
     }
 
+    /// A short stable name of the failure, for metrics labels.
+    pub fn reason(&self) -> &'static str {
+        match self {
+            FailureKind::Timeout(_) => "timeout",
+            FailureKind::Model(_) => "model",
+            FailureKind::Tool(_) => "database",
+            FailureKind::ModelDidNotCharge => "model_did_not_charge",
+            FailureKind::TooManyRounds(_) => "too_many_rounds",
+        }
+    }
+
     /// The receipt of the order's earlier charge, when the checkout failed because that
     /// charge was of another amount.
     pub fn amount_conflict(&self) -> Option<&Receipt> {

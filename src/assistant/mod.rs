@@ -11,6 +11,8 @@ pub mod tools;
 use tower::util::BoxCloneSyncService;
 use tower::{BoxError, ServiceBuilder, ServiceExt};
 
+use crate::metrics::Metrics;
+
 pub use agent::{AgentLoop, CheckoutOutcome, LoopLimits};
 pub use context::{ChargeReport, ChargeStatus};
 
@@ -29,9 +31,9 @@ pub struct Assistant {
 }
 
 impl Assistant {
-    pub fn new(agent: AgentLoop, settings: &LoopRetrySettings) -> Self {
+    pub fn new(agent: AgentLoop, settings: &LoopRetrySettings, metrics: &Metrics) -> Self {
         let stack = ServiceBuilder::new()
-            .retry(LoopRetry::new(settings))
+            .retry(LoopRetry::new(settings, metrics))
             .timeout(settings.timeout)
             .service(agent);
         Assistant {

@@ -14,6 +14,7 @@ use tower::util::rng::HasherRng;
 use super::agent::CheckoutOutcome;
 use super::context::LoopRequest;
 use super::error::CheckoutError;
+use crate::metrics::{Metrics, RetryLayer, TimedOut};
 use crate::retry::{Stop, jittered_backoff};
 
 #[derive(Clone, Debug)]
@@ -29,14 +30,16 @@ pub struct LoopRetry {
     max_retries: u32,
     timeout: Duration,
     backoff: ExponentialBackoff<HasherRng>,
+    metrics: Metrics,
 }
 
 impl LoopRetry {
-    pub fn new(settings: &LoopRetrySettings) -> Self {
+    pub fn new(settings: &LoopRetrySettings, metrics: &Metrics) -> Self {
         LoopRetry {
             max_retries: settings.max_retries,
             timeout: settings.timeout,
             backoff: jittered_backoff(settings.backoff_min, settings.backoff_max),
+            metrics: metrics.clone(),
         }
     }
 }
@@ -50,6 +53,9 @@ impl Policy<LoopRequest, CheckoutOutcome, BoxError> for LoopRetry {
         result: &mut Result<CheckoutOutcome, BoxError>,
     ) -> Option<Self::Future> {
         let err = result.as_mut().err()?;
+        if err.is::<tower::timeout::error::Elapsed>() {
+            self.metrics.timeout(TimedOut::Loop);
+        }
         let failure = CheckoutError::adopt(err, self.timeout, request.attempt);
         if !failure.kind.is_retryable() {
             failure.stop = Some(Stop::NotRetryable);
@@ -64,6 +70,7 @@ impl Policy<LoopRequest, CheckoutOutcome, BoxError> for LoopRetry {
             return None;
         }
         request.attempt += 1;
+        self.metrics.retry(RetryLayer::Loop, failure.kind.reason());
         tracing::warn!(
             order = %request.ctx.order().id(),
             attempt = request.attempt,

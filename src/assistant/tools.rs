@@ -9,6 +9,7 @@ use serde_json::json;
 
 use super::arguments::{ChargeArguments, Refusal};
 use super::context::CheckoutContext;
+use crate::metrics::Metrics;
 use crate::model::wire::{FunctionSpec, ToolCall, ToolSpec};
 use crate::payments::{ChargeError, Order, PaymentGateway, Receipt};
 
@@ -33,11 +34,12 @@ pub struct ToolOutput {
 #[derive(Clone, Debug)]
 pub struct ToolBox {
     gateway: PaymentGateway,
+    metrics: Metrics,
 }
 
 impl ToolBox {
-    pub fn new(gateway: PaymentGateway) -> Self {
-        ToolBox { gateway }
+    pub fn new(gateway: PaymentGateway, metrics: Metrics) -> Self {
+        ToolBox { gateway, metrics }
     }
 
     /// The tools offered to the model, built once.
@@ -93,6 +95,7 @@ impl ToolBox {
                 }
             })?;
         let receipt = charged.receipt;
+        self.metrics.charge(charged.created);
         if charged.created {
             tracing::info!(order = %receipt.order_id, receipt = %receipt.id, "charge tool: charged the order");
         } else {

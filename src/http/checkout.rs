@@ -292,7 +292,10 @@ pub async fn checkout(
 ) -> Response {
     let order = match order(query, body, app.settings().payments.max_amount) {
         Ok(order) => order,
-        Err(problem) => return problem.into_response(),
+        Err(problem) => {
+            app.metrics().checkout(Code::InvalidRequest.as_str());
+            return problem.into_response();
+        }
     };
     match client_key {
         Some(key) => {
@@ -375,8 +378,15 @@ pub(crate) async fn run(
 ) -> Answer {
     let ctx = CheckoutContext::new(order, operation_key);
     match app.assistant().checkout(ctx.clone()).await {
-        Ok(outcome) => success(&ctx, outcome, format),
-        Err(err) => Box::pin(failure(app, &ctx, err)).await.answer(),
+        Ok(outcome) => {
+            app.metrics().checkout("ok");
+            success(&ctx, outcome, format)
+        }
+        Err(err) => {
+            let problem = Box::pin(failure(app, &ctx, err)).await;
+            app.metrics().checkout(problem.body.code.as_str());
+            problem.answer()
+        }
     }
 }
 

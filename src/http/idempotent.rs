@@ -16,6 +16,7 @@ use utoipa::openapi::{ObjectBuilder, Required, Type};
 use super::error::{Code, Problem};
 use super::{Answer, AppState};
 use crate::idempotency::{self, Begin, Fingerprint, Lease, Saved};
+use crate::metrics::KeyOutcome;
 use crate::payments::OperationKey;
 
 pub const HEADER: &str = "idempotency-key";
@@ -122,6 +123,16 @@ pub async fn once(
         settings.idempotency.ttl,
     )
     .await;
+    let outcome = match &begun {
+        Ok(Begin::Owner(_)) => Some(KeyOutcome::New),
+        Ok(Begin::Replay(_)) => Some(KeyOutcome::Replay),
+        Ok(Begin::Mismatch) => Some(KeyOutcome::KeyReuse),
+        Ok(Begin::InFlight { .. }) => Some(KeyOutcome::InFlight),
+        Err(_) => None,
+    };
+    if let Some(outcome) = outcome {
+        app.metrics().idempotency_key(outcome);
+    }
     match begun {
         Ok(Begin::Owner(lease)) => detached(owned(app.clone(), lease, work))
             .await

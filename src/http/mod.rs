@@ -5,6 +5,7 @@ pub mod error;
 pub mod extract;
 pub mod health;
 pub mod idempotent;
+pub mod metrics;
 pub mod receipts;
 
 use std::sync::Arc;
@@ -28,6 +29,7 @@ use crate::assistant::Assistant;
 use crate::config::Settings;
 use crate::db::Database;
 use crate::idempotency::Records;
+use crate::metrics::{Metrics, TimedOut};
 use crate::payments::{PaymentGateway, Receipt};
 use error::{Code, Problem};
 pub use health::ModelInfo;
@@ -43,6 +45,7 @@ struct Shared {
     records: Records,
     assistant: Assistant,
     model: ModelInfo,
+    metrics: Metrics,
 }
 
 impl AppState {
@@ -52,6 +55,7 @@ impl AppState {
         gateway: PaymentGateway,
         assistant: Assistant,
         model: ModelInfo,
+        metrics: Metrics,
     ) -> Self {
         AppState(Arc::new(Shared {
             records: Records::new(&db),
@@ -60,7 +64,12 @@ impl AppState {
             gateway,
             assistant,
             model,
+            metrics,
         }))
+    }
+
+    pub fn metrics(&self) -> &Metrics {
+        &self.0.metrics
     }
 
     pub fn settings(&self) -> &Settings {
@@ -173,6 +182,7 @@ impl From<&Receipt> for ReceiptView {
     tags(
         (name = "checkout", description = "Charge orders and read receipts"),
         (name = "health", description = "Liveness and readiness"),
+        (name = "operations", description = "Metrics for Prometheus"),
     )
 )]
 struct ApiDoc;
@@ -182,6 +192,7 @@ pub fn router(state: AppState) -> Router {
     let (router, api) = api_parts();
     let settings = state.settings();
     let server_timeout = settings.server.timeout;
+    let metrics = state.metrics().clone();
     router
         .merge(SwaggerUi::new("/swagger-ui").url("/api-docs/openapi.json", api))
         .fallback(|| async { Problem::new(Code::NotFound, "no such endpoint; see /swagger-ui/") })
@@ -191,7 +202,7 @@ pub fn router(state: AppState) -> Router {
             server_timeout,
         ))
         .layer(axum::middleware::map_response(move |response: Response| {
-            problem_for_bare_errors(response, server_timeout)
+            problem_for_bare_errors(response, server_timeout, metrics.clone())
         }))
         .layer(PropagateRequestIdLayer::x_request_id())
         .layer(
@@ -224,12 +235,17 @@ fn api_parts() -> (Router<AppState>, utoipa::openapi::OpenApi) {
         .routes(routes!(receipts::get_receipt))
         .routes(routes!(health::live))
         .routes(routes!(health::ready))
+        .routes(routes!(metrics::metrics))
         .split_for_parts()
 }
 
 /// Answers made by the framework (an unknown method, the server timeout) carry no body;
 /// give them the same problem+json as every other error.
-async fn problem_for_bare_errors(response: Response, server_timeout: Duration) -> Response {
+async fn problem_for_bare_errors(
+    response: Response,
+    server_timeout: Duration,
+    metrics: Metrics,
+) -> Response {
     let status = response.status();
     if !(status.is_client_error() || status.is_server_error())
         || response.headers().contains_key(header::CONTENT_TYPE)
@@ -241,13 +257,16 @@ async fn problem_for_bare_errors(response: Response, server_timeout: Duration) -
             Code::MethodNotAllowed,
             "this endpoint does not take that method",
         ),
-        StatusCode::GATEWAY_TIMEOUT => Problem::new(
-            Code::DeadlineExceeded,
-            format!(
-                "the request did not finish within the server timeout of {} ms; if it charged, GET /receipts/{{orderId}} shows the receipt",
-                server_timeout.as_millis()
-            ),
-        ),
+        StatusCode::GATEWAY_TIMEOUT => {
+            metrics.timeout(TimedOut::Server);
+            Problem::new(
+                Code::DeadlineExceeded,
+                format!(
+                    "the request did not finish within the server timeout of {} ms; if it charged, GET /receipts/{{orderId}} shows the receipt",
+                    server_timeout.as_millis()
+                ),
+            )
+        }
         _ => return response,
     };
     let mut answer = problem.into_response();

@@ -13,8 +13,10 @@ use tower::{BoxError, Service, ServiceBuilder, ServiceExt};
 
 use super::call::ModelCall;
 use super::error::{ModelError, ModelErrorKind};
+use super::observe::ObserveLayer;
 use super::retry::{RequestRetry, RequestRetrySettings};
 use super::wire::{AssistantMessage, ChatRequest, ChatResponse};
+use crate::metrics::{GenAiTarget, Metrics};
 use crate::secret::Secret;
 
 /// Where the model is and how to reach it.
@@ -34,10 +36,15 @@ pub struct ModelEndpoint {
 pub struct ModelClient {
     stack: BoxCloneSyncService<ModelCall, ChatResponse, BoxError>,
     model: Arc<str>,
+    metrics: Metrics,
 }
 
 impl ModelClient {
-    pub fn new(endpoint: &ModelEndpoint, retry: &RequestRetrySettings) -> Result<Self, BoxError> {
+    pub fn new(
+        endpoint: &ModelEndpoint,
+        retry: &RequestRetrySettings,
+        metrics: &Metrics,
+    ) -> Result<Self, BoxError> {
         // One TLS provider for the process: ring, which sqlx's rustls already brings.
         let _ = rustls::crypto::ring::default_provider().install_default();
         // Parsed once: reqwest would otherwise parse (and IDNA-map) the URL on every send.
@@ -57,18 +64,31 @@ impl ModelClient {
             url,
             api_key: endpoint.api_key.clone(),
         }));
+        // GenAI semconv: an OpenAI-compatible API is reached through the OpenAI API, so
+        // `gen_ai.provider.name` is `openai`; the model name tells the servers apart.
+        let target = GenAiTarget {
+            provider: "openai",
+            model: endpoint.model.clone(),
+        };
         let stack = ServiceBuilder::new()
-            .retry(RequestRetry::new(retry))
+            .retry(RequestRetry::new(retry, metrics))
+            .layer(ObserveLayer::new(metrics.clone(), target))
             .timeout(retry.timeout)
             .service(transport);
         Ok(ModelClient {
             stack: BoxCloneSyncService::new(stack),
             model: endpoint.model.as_str().into(),
+            metrics: metrics.clone(),
         })
     }
 
     pub fn model(&self) -> &str {
         &self.model
+    }
+
+    /// The metrics this client records into, for the loop it serves.
+    pub fn metrics(&self) -> &Metrics {
+        &self.metrics
     }
 
     /// Sends one round of the conversation and returns the model's message.

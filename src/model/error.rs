@@ -57,6 +57,33 @@ impl ModelErrorKind {
         }
     }
 
+    /// A short stable name of the failure, for metrics labels (`error.type` in the GenAI
+    /// conventions): `connect`, `timeout`, `transport`, `http_<status>`, `malformed`.
+    pub fn reason(&self) -> &'static str {
+        match self {
+            ModelErrorKind::Connect(_) => "connect",
+            ModelErrorKind::Timeout(_) => "timeout",
+            ModelErrorKind::Transport(_) => "transport",
+            ModelErrorKind::Status { status, .. } => match status {
+                400 => "http_400",
+                401 => "http_401",
+                403 => "http_403",
+                404 => "http_404",
+                408 => "http_408",
+                422 => "http_422",
+                429 => "http_429",
+                500 => "http_500",
+                502 => "http_502",
+                503 => "http_503",
+                504 => "http_504",
+                400..500 => "http_4xx",
+                500..600 => "http_5xx",
+                _ => "http_other",
+            },
+            ModelErrorKind::Malformed(_) => "malformed",
+        }
+    }
+
     pub fn retry_after(&self) -> Option<Duration> {
         match self {
             ModelErrorKind::Status { retry_after, .. } => *retry_after,

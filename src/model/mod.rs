@@ -4,6 +4,7 @@
 pub mod call;
 pub mod client;
 pub mod error;
+pub mod observe;
 pub mod retry;
 pub mod scripted;
 pub mod wire;

@@ -15,6 +15,7 @@ use tower::util::rng::HasherRng;
 use super::call::ModelCall;
 use super::error::{ModelError, ModelErrorKind, Stop};
 use super::wire::ChatResponse;
+use crate::metrics::{Metrics, RetryLayer};
 use crate::retry::jittered_backoff;
 
 /// The numbers of the request retry, from the settings.
@@ -39,10 +40,11 @@ pub struct RequestRetry {
     backoff: ExponentialBackoff<HasherRng>,
     budget: Arc<TpsBudget>,
     attempts: u32,
+    metrics: Metrics,
 }
 
 impl RequestRetry {
-    pub fn new(settings: &RequestRetrySettings) -> Self {
+    pub fn new(settings: &RequestRetrySettings, metrics: &Metrics) -> Self {
         let backoff = jittered_backoff(settings.backoff_min, settings.backoff_max);
         RequestRetry {
             max_retries: settings.max_retries,
@@ -55,6 +57,7 @@ impl RequestRetry {
                 settings.budget_percent as f32 / 100.0,
             )),
             attempts: 0,
+            metrics: metrics.clone(),
         }
     }
 
@@ -94,6 +97,8 @@ impl Policy<ModelCall, ChatResponse, BoxError> for RequestRetry {
         let model_err = ModelError::adopt(err, self.timeout, self.attempts);
         match self.decide(&model_err.kind) {
             Ok(retry_after) => {
+                self.metrics
+                    .retry(RetryLayer::Request, model_err.kind.reason());
                 call.attempt = self.attempts + 1;
                 let backoff = self.backoff.next_backoff();
                 if retry_after.is_zero() {
@@ -105,6 +110,9 @@ impl Policy<ModelCall, ChatResponse, BoxError> for RequestRetry {
                 }
             }
             Err(stop) => {
+                if stop == Stop::BudgetSpent {
+                    self.metrics.retry_budget_refused();
+                }
                 model_err.stop = Some(stop);
                 None
             }

@@ -79,6 +79,17 @@ pub struct FunctionSpec {
 pub struct ChatResponse {
     #[serde(default)]
     pub choices: Vec<Choice>,
+    /// Tokens the provider counted for this request, when it says.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub usage: Option<Usage>,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Usage {
+    #[serde(default)]
+    pub prompt_tokens: u64,
+    #[serde(default)]
+    pub completion_tokens: u64,
 }
 
 #[derive(Clone, Debug, Serialize, Deserialize)]

@@ -65,6 +65,8 @@ impl ScriptedModel {
                 api_key: script.api_key,
             }),
             requests: AtomicU64::new(0),
+            input_tokens: AtomicU64::new(0),
+            output_tokens: AtomicU64::new(0),
             http2_requests: AtomicU64::new(0),
             by_round: Mutex::new(Vec::new()),
             arrivals: Mutex::new(Vec::new()),
@@ -89,6 +91,14 @@ impl ScriptedModel {
     /// Chat-completions requests received so far, faulted ones included.
     pub fn requests(&self) -> u64 {
         self.state.requests.load(Ordering::SeqCst)
+    }
+
+    /// Tokens reported in the answers sent so far, as (input, output); see `script`.
+    pub fn tokens(&self) -> (u64, u64) {
+        (
+            self.state.input_tokens.load(Ordering::SeqCst),
+            self.state.output_tokens.load(Ordering::SeqCst),
+        )
     }
 
     /// Chat-completions requests that came over HTTP/2.

@@ -23,6 +23,9 @@ use crate::model::wire::{ChatRequest, Message};
 pub(super) struct State {
     pub(super) script: Mutex<Plan>,
     pub(super) requests: AtomicU64,
+    /// Tokens reported in answers so far: input, output.
+    pub(super) input_tokens: AtomicU64,
+    pub(super) output_tokens: AtomicU64,
     pub(super) http2_requests: AtomicU64,
     pub(super) by_round: Mutex<Vec<u64>>,
     pub(super) arrivals: Mutex<Vec<Instant>>,
@@ -211,7 +214,14 @@ async fn completions(state: &State, request: Request<Incoming>) -> Result<Answer
             )))
             .expect("a valid response")),
         Some(Fault::Replay(recording)) => Ok(replayed(&recording)),
-        other => Ok(assistant_answer(&chat, number, other, &quirks)),
+        other => {
+            let (answer, tokens) = assistant_answer(&chat, number, other, &quirks);
+            state.input_tokens.fetch_add(tokens.input, Ordering::SeqCst);
+            state
+                .output_tokens
+                .fetch_add(tokens.output, Ordering::SeqCst);
+            Ok(answer)
+        }
     }
 }
 

@@ -1,0 +1,406 @@
+//! The service's Prometheus metrics: every name, its HELP text, its buckets and its labels
+//! live here, and the flow records an event by calling one named method of [`Metrics`].
+//!
+//! Each [`App`](crate::App) owns its own recorder (not the process-global one), so two
+//! apps in one process — the tests — count apart, and `GET /metrics` shows the counts of
+//! the app that serves it.
+//!
+//! Labels are small closed sets (a layer, a reason, an outcome code, the configured model
+//! name): never an Idempotency-Key, an order id, an address or anything a client chooses.
+//!
+//! The model's metrics follow the OpenTelemetry GenAI semantic conventions, **pinned to
+//! semconv v1.37.0** (`gen_ai.client.operation.duration` in seconds and
+//! `gen_ai.client.token.usage` in tokens, with their advised bucket boundaries and the
+//! attributes `gen_ai.operation.name`, `gen_ai.provider.name`, `gen_ai.request.model`,
+//! `gen_ai.token.type`, `error.type`), named for Prometheus as OpenTelemetry's Prometheus
+//! exporter names them: dots become underscores, the unit `s` adds `_seconds`, and an
+//! annotation unit such as `{token}` adds nothing.
+//!
+//! To add a metric (auth failures, journal replays and tokens saved, emails queued / sent /
+//! failed, payment-provider calls by outcome): one [`Def`] in [`CATALOGUE`] and one
+//! method below that records it; the flow then calls the method, one line.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use metrics::{Key, Label, Metadata, Recorder};
+use metrics_exporter_prometheus::{
+    Matcher, PrometheusBuilder, PrometheusHandle, PrometheusRecorder,
+};
+
+/// What one metric is.
+struct Def {
+    name: &'static str,
+    help: &'static str,
+    /// Upper bounds of the histogram's buckets; `None` for a counter.
+    buckets: Option<&'static [f64]>,
+}
+
+const CHECKOUTS: Def = Def {
+    name: "checkout_checkouts_total",
+    help: "Checkouts that ran to an answer, by outcome: code=\"ok\" for a confirmed charge (made now or found), else the problem code (invalid_request counts requests refused before running). A replayed Idempotency-Key answer is not counted here.",
+    buckets: None,
+};
+const CHARGES: Def = Def {
+    name: "checkout_charges_total",
+    help: "Charge tool calls that reached the payment store, by result: created (this call charged the order) or found (the order's charge key found its earlier charge; nothing was charged).",
+    buckets: None,
+};
+const RETRIES: Def = Def {
+    name: "checkout_retries_total",
+    help: "Retries made, by layer (request: one model request; loop: the whole assistant loop) and by the failure retried.",
+    buckets: None,
+};
+const BUDGET_REFUSALS: Def = Def {
+    name: "checkout_retry_budget_refusals_total",
+    help: "Request retries not made because the retry budget shared by all model requests was empty (not counted in checkout_retries_total).",
+    buckets: None,
+};
+const TIMEOUTS: Def = Def {
+    name: "checkout_timeouts_total",
+    help: "Timeouts that fired, by layer: request (one model request), loop (one run of the assistant loop), server (one HTTP request to this service).",
+    buckets: None,
+};
+const LOOP_ROUNDS: Def = Def {
+    name: "checkout_loop_rounds",
+    help: "Model rounds (chat-completions requests, retries not counted) per run of the assistant loop.",
+    buckets: Some(&[1.0, 2.0, 3.0, 4.0, 5.0, 6.0, 8.0, 10.0, 15.0, 20.0]),
+};
+const IDEMPOTENCY_KEYS: Def = Def {
+    name: "checkout_idempotency_keys_total",
+    help: "Requests that carried an Idempotency-Key, by outcome: new (the work ran), replay (the saved answer was sent), in_flight (409, still running), key_reuse (422, another request's key).",
+    buckets: None,
+};
+const GEN_AI_DURATION: Def = Def {
+    name: "gen_ai_client_operation_duration_seconds",
+    help: "GenAI operation duration: one chat-completions HTTP request, each retry its own (OpenTelemetry semconv v1.37.0 gen_ai.client.operation.duration).",
+    buckets: Some(&[
+        0.01, 0.02, 0.04, 0.08, 0.16, 0.32, 0.64, 1.28, 2.56, 5.12, 10.24, 20.48, 40.96, 81.92,
+    ]),
+};
+const GEN_AI_TOKENS: Def = Def {
+    name: "gen_ai_client_token_usage",
+    help: "Tokens used per chat-completions request, as the provider reported them, by gen_ai_token_type input or output (OpenTelemetry semconv v1.37.0 gen_ai.client.token.usage).",
+    buckets: Some(&[
+        1.0, 4.0, 16.0, 64.0, 256.0, 1024.0, 4096.0, 16384.0, 65536.0, 262144.0, 1048576.0,
+        4194304.0, 16777216.0, 67108864.0,
+    ]),
+};
+
+const CATALOGUE: &[&Def] = &[
+    &CHECKOUTS,
+    &CHARGES,
+    &RETRIES,
+    &BUDGET_REFUSALS,
+    &TIMEOUTS,
+    &LOOP_ROUNDS,
+    &IDEMPOTENCY_KEYS,
+    &GEN_AI_DURATION,
+    &GEN_AI_TOKENS,
+];
+
+/// The retry layers.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum RetryLayer {
+    Request,
+    Loop,
+}
+
+/// The timeout layers.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum TimedOut {
+    Request,
+    Loop,
+    Server,
+}
+
+/// What became of a request's Idempotency-Key.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum KeyOutcome {
+    New,
+    Replay,
+    InFlight,
+    KeyReuse,
+}
+
+/// The model a client talks to, as the GenAI attributes name it.
+#[derive(Clone, Debug)]
+pub struct GenAiTarget {
+    /// `gen_ai.provider.name`.
+    pub provider: &'static str,
+    /// `gen_ai.request.model`: the configured model name.
+    pub model: String,
+}
+
+/// The app's metrics. Cloning is cheap; every clone records into the same registry.
+#[derive(Clone)]
+pub struct Metrics(Arc<Inner>);
+
+struct Inner {
+    recorder: PrometheusRecorder,
+    handle: PrometheusHandle,
+}
+
+impl std::fmt::Debug for Metrics {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("Metrics")
+    }
+}
+
+impl Default for Metrics {
+    fn default() -> Self {
+        Metrics::new()
+    }
+}
+
+impl Metrics {
+    pub fn new() -> Metrics {
+        let mut builder = PrometheusBuilder::new();
+        for def in CATALOGUE {
+            if let Some(buckets) = def.buckets {
+                builder = builder
+                    .set_buckets_for_metric(Matcher::Full(def.name.into()), buckets)
+                    .expect("every histogram has buckets");
+            }
+        }
+        let recorder = builder.build_recorder();
+        for def in CATALOGUE {
+            match def.buckets {
+                Some(_) => recorder.describe_histogram(def.name.into(), None, def.help.into()),
+                None => recorder.describe_counter(def.name.into(), None, def.help.into()),
+            }
+        }
+        let handle = recorder.handle();
+        let metrics = Metrics(Arc::new(Inner { recorder, handle }));
+        // Counters of a closed label set start at zero, so that a rate over them exists
+        // before the first event.
+        for created in [true, false] {
+            metrics.counter(&CHARGES, &[("result", charge_result(created))], 0);
+        }
+        for layer in [TimedOut::Request, TimedOut::Loop, TimedOut::Server] {
+            metrics.counter(&TIMEOUTS, &[("layer", layer.label())], 0);
+        }
+        for outcome in [
+            KeyOutcome::New,
+            KeyOutcome::Replay,
+            KeyOutcome::InFlight,
+            KeyOutcome::KeyReuse,
+        ] {
+            metrics.counter(&IDEMPOTENCY_KEYS, &[("outcome", outcome.label())], 0);
+        }
+        metrics.counter(&BUDGET_REFUSALS, &[], 0);
+        metrics
+    }
+
+    /// The Prometheus text exposition of everything recorded so far.
+    pub fn render(&self) -> String {
+        self.0.handle.render()
+    }
+
+    /// A checkout answered: `ok`, or the problem code it ended with.
+    pub fn checkout(&self, code: &'static str) {
+        self.counter(&CHECKOUTS, &[("code", code)], 1);
+    }
+
+    /// A charge call reached the payment store and made (`created`) or found the charge.
+    pub fn charge(&self, created: bool) {
+        self.counter(&CHARGES, &[("result", charge_result(created))], 1);
+    }
+
+    /// A retry layer is repeating its unit after `reason` (a short stable name).
+    pub fn retry(&self, layer: RetryLayer, reason: &'static str) {
+        let layer = match layer {
+            RetryLayer::Request => "request",
+            RetryLayer::Loop => "loop",
+        };
+        self.counter(&RETRIES, &[("layer", layer), ("reason", reason)], 1);
+    }
+
+    /// The request retry would have repeated a request, but the budget was empty.
+    pub fn retry_budget_refused(&self) {
+        self.counter(&BUDGET_REFUSALS, &[], 1);
+    }
+
+    pub fn timeout(&self, layer: TimedOut) {
+        self.counter(&TIMEOUTS, &[("layer", layer.label())], 1);
+    }
+
+    /// Counts the rounds of one run of the loop: call [`LoopRounds::reached`] at each
+    /// round; the count is recorded when the guard is dropped, so a run cut off by the
+    /// loop timeout is counted too.
+    pub fn loop_rounds(&self) -> LoopRounds {
+        LoopRounds {
+            metrics: self.clone(),
+            rounds: 0,
+        }
+    }
+
+    pub fn idempotency_key(&self, outcome: KeyOutcome) {
+        self.counter(&IDEMPOTENCY_KEYS, &[("outcome", outcome.label())], 1);
+    }
+
+    /// One chat-completions request took `took`: answered with `usage` (input, output
+    /// tokens), or failed with `error` (`error.type`).
+    pub fn chat(
+        &self,
+        target: &GenAiTarget,
+        took: Duration,
+        outcome: Result<Option<(u64, u64)>, &'static str>,
+    ) {
+        let model = target.model.as_str();
+        let base = [
+            ("gen_ai_operation_name", "chat"),
+            ("gen_ai_provider_name", target.provider),
+            ("gen_ai_request_model", model),
+        ];
+        match outcome {
+            Ok(usage) => {
+                self.histogram(&GEN_AI_DURATION, &base, took.as_secs_f64());
+                if let Some((input, output)) = usage {
+                    for (kind, tokens) in [("input", input), ("output", output)] {
+                        let labels = [base[0], base[1], base[2], ("gen_ai_token_type", kind)];
+                        self.histogram(&GEN_AI_TOKENS, &labels, tokens as f64);
+                    }
+                }
+            }
+            Err(error) => {
+                let labels = [base[0], base[1], base[2], ("error_type", error)];
+                self.histogram(&GEN_AI_DURATION, &labels, took.as_secs_f64());
+            }
+        }
+    }
+
+    fn counter(&self, def: &Def, labels: &[(&str, &str)], by: u64) {
+        let key = key(def, labels);
+        self.0
+            .recorder
+            .register_counter(&key, &metadata())
+            .increment(by);
+    }
+
+    fn histogram(&self, def: &Def, labels: &[(&str, &str)], value: f64) {
+        let key = key(def, labels);
+        self.0
+            .recorder
+            .register_histogram(&key, &metadata())
+            .record(value);
+    }
+}
+
+/// See [`Metrics::loop_rounds`].
+pub struct LoopRounds {
+    metrics: Metrics,
+    rounds: u32,
+}
+
+impl LoopRounds {
+    pub fn reached(&mut self, round: u32) {
+        self.rounds = round;
+    }
+}
+
+impl Drop for LoopRounds {
+    fn drop(&mut self) {
+        self.metrics
+            .histogram(&LOOP_ROUNDS, &[], f64::from(self.rounds));
+    }
+}
+
+impl TimedOut {
+    fn label(self) -> &'static str {
+        match self {
+            TimedOut::Request => "request",
+            TimedOut::Loop => "loop",
+            TimedOut::Server => "server",
+        }
+    }
+}
+
+impl KeyOutcome {
+    fn label(self) -> &'static str {
+        match self {
+            KeyOutcome::New => "new",
+            KeyOutcome::Replay => "replay",
+            KeyOutcome::InFlight => "in_flight",
+            KeyOutcome::KeyReuse => "key_reuse",
+        }
+    }
+}
+
+fn charge_result(created: bool) -> &'static str {
+    if created { "created" } else { "found" }
+}
+
+fn key(def: &Def, labels: &[(&str, &str)]) -> Key {
+    let labels: Vec<Label> = labels
+        .iter()
+        .map(|(k, v)| Label::new(k.to_string(), v.to_string()))
+        .collect();
+    Key::from_parts(def.name, labels)
+}
+
+fn metadata() -> Metadata<'static> {
+    Metadata::new(module_path!(), metrics::Level::INFO, Some(module_path!()))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn every_metric_has_help_and_its_type_and_histograms_count_in_their_buckets() {
+        let metrics = Metrics::new();
+        metrics.checkout("ok");
+        metrics.retry(RetryLayer::Request, "http_503");
+        metrics.timeout(TimedOut::Loop);
+        metrics.charge(true);
+        metrics.loop_rounds().reached(3);
+        let target = GenAiTarget {
+            provider: "openai",
+            model: "m".into(),
+        };
+        metrics.chat(&target, Duration::from_millis(30), Ok(Some((7, 2))));
+        let text = metrics.render();
+        for def in CATALOGUE {
+            assert!(
+                text.contains(&format!("# HELP {} ", def.name)),
+                "{}: {text}",
+                def.name
+            );
+            let kind = if def.buckets.is_some() {
+                "histogram"
+            } else {
+                "counter"
+            };
+            assert!(
+                text.contains(&format!("# TYPE {} {kind}\n", def.name)),
+                "{}: {text}",
+                def.name
+            );
+        }
+        assert!(
+            text.contains("checkout_checkouts_total{code=\"ok\"} 1"),
+            "{text}"
+        );
+        assert!(
+            text.contains("checkout_loop_rounds_bucket{le=\"3\"} 1"),
+            "{text}"
+        );
+        assert!(
+            text.contains("checkout_loop_rounds_bucket{le=\"2\"} 0"),
+            "{text}"
+        );
+        assert!(
+            text.contains("# TYPE gen_ai_client_token_usage histogram"),
+            "{text}"
+        );
+        assert!(
+            text.contains("gen_ai_client_token_usage_sum{gen_ai_operation_name=\"chat\",gen_ai_provider_name=\"openai\",gen_ai_request_model=\"m\",gen_ai_token_type=\"input\"} 7"),
+            "{text}"
+        );
+        assert!(
+            text.contains("checkout_timeouts_total{layer=\"server\"} 0"),
+            "{text}"
+        );
+    }
+}
