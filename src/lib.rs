@@ -93,7 +93,7 @@ impl App {
         };
         let tools = ToolBox::new(gateway.clone(), metrics.clone());
         let agent = AgentLoop::new(client, tools, limits);
-        let assistant = Assistant::new(agent, &settings.r#loop.retry, &metrics);
+        let assistant = Assistant::new(agent, &settings.r#loop.retry, &metrics, &endpoint.model);
         announce(&settings, &db, &info);
         let sweep_every = (settings.idempotency.ttl / 4).clamp(
             std::time::Duration::from_millis(100),

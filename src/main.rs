@@ -91,7 +91,16 @@ async fn service(args: &[String]) -> ExitCode {
             return ExitCode::from(2);
         }
     };
-    checkout::telemetry::init(settings.log_format);
+    let traces = match checkout::telemetry::init(settings.log_format) {
+        Ok(traces) => traces,
+        Err(err) => {
+            eprintln!("checkout: {err}");
+            return ExitCode::from(2);
+        }
+    };
+    if traces.is_some() {
+        tracing::info!("exporting traces over OTLP/HTTP (OTEL_EXPORTER_OTLP_ENDPOINT)");
+    }
     if !settings.scripted.faults.is_empty() {
         tracing::warn!(plan = %describe(&settings.scripted.faults), "the scripted model will inject faults");
     }
@@ -109,7 +118,12 @@ async fn service(args: &[String]) -> ExitCode {
             return ExitCode::FAILURE;
         }
     };
-    match app.serve(listener, shutdown_signal()).await {
+    let served = app.serve(listener, shutdown_signal()).await;
+    if let Some(traces) = traces {
+        // Blocks while the last spans are sent: off the runtime's threads.
+        let _ = tokio::task::spawn_blocking(move || traces.shutdown()).await;
+    }
+    match served {
         Ok(()) => ExitCode::SUCCESS,
         Err(err) => {
             tracing::error!("server failed: {err}");
@@ -145,7 +159,8 @@ async fn scripted_model(args: &[String]) -> ExitCode {
             return usage_error(&message);
         }
     }
-    checkout::telemetry::init(LogFormat::Text);
+    // The scripted model makes no GenAI spans: logs only, whatever OTEL_* says.
+    checkout::telemetry::init_logs(LogFormat::Text);
     let model = match ScriptedModel::start(listen, script).await {
         Ok(model) => model,
         Err(err) => {

@@ -10,8 +10,10 @@ pub mod tools;
 
 use tower::util::BoxCloneSyncService;
 use tower::{BoxError, ServiceBuilder, ServiceExt};
+use tracing::Instrument;
 
 use crate::metrics::Metrics;
+use crate::telemetry::genai;
 
 pub use agent::{AgentLoop, CheckoutOutcome, LoopLimits};
 pub use context::{ChargeReport, ChargeStatus};
@@ -28,23 +30,34 @@ pub use tools::ToolBox;
 #[derive(Clone)]
 pub struct Assistant {
     stack: BoxCloneSyncService<LoopRequest, CheckoutOutcome, BoxError>,
+    model: std::sync::Arc<str>,
 }
 
 impl Assistant {
-    pub fn new(agent: AgentLoop, settings: &LoopRetrySettings, metrics: &Metrics) -> Self {
+    /// `model` names the model in the `invoke_agent` span.
+    pub fn new(
+        agent: AgentLoop,
+        settings: &LoopRetrySettings,
+        metrics: &Metrics,
+        model: &str,
+    ) -> Self {
+        let model = model.into();
         let stack = ServiceBuilder::new()
             .retry(LoopRetry::new(settings, metrics))
             .timeout(settings.timeout)
             .service(agent);
         Assistant {
             stack: BoxCloneSyncService::new(stack),
+            model,
         }
     }
 
     /// Runs the checkout to its end: a confirmed charge, or the error the retries left.
     pub async fn checkout(&self, ctx: CheckoutContext) -> Result<CheckoutOutcome, CheckoutError> {
         let request = LoopRequest { ctx, attempt: 1 };
-        self.stack.clone().oneshot(request).await.map_err(|err| {
+        let span = genai::invoke_agent(&self.model);
+        let run = self.stack.clone().oneshot(request).instrument(span);
+        run.await.map_err(|err| {
             *err.downcast::<CheckoutError>()
                 .expect("the loop retry turns every failure into a CheckoutError")
         })

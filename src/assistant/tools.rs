@@ -6,12 +6,14 @@
 use std::sync::LazyLock;
 
 use serde_json::json;
+use tracing::Instrument;
 
 use super::arguments::{ChargeArguments, Refusal};
 use super::context::CheckoutContext;
 use crate::metrics::Metrics;
 use crate::model::wire::{FunctionSpec, ToolCall, ToolSpec};
 use crate::payments::{ChargeError, Order, PaymentGateway, Receipt};
+use crate::telemetry::genai;
 
 pub const CHARGE: &str = "charge";
 
@@ -65,13 +67,19 @@ impl ToolBox {
         &SPECS
     }
 
-    /// Runs one tool call. A mistake of the model's (unknown tool, bad arguments, another
-    /// order or amount) comes back as an error result for the model, and nothing is charged.
+    /// Runs one tool call, in its `execute_tool {name}` span. A mistake of the model's
+    /// (unknown tool, bad arguments, another order or amount) comes back as an error result
+    /// for the model, and nothing is charged.
     pub async fn dispatch(
         &self,
         ctx: &CheckoutContext,
         call: &ToolCall,
     ) -> Result<ToolOutput, ToolFailure> {
+        let span = genai::execute_tool(&call.function.name, &call.id);
+        self.run(ctx, call).instrument(span).await
+    }
+
+    async fn run(&self, ctx: &CheckoutContext, call: &ToolCall) -> Result<ToolOutput, ToolFailure> {
         if call.function.name != CHARGE {
             return Ok(refused(format!(
                 "there is no tool {:?}; the only tool is {CHARGE:?}",

@@ -18,6 +18,7 @@ use super::retry::{RequestRetry, RequestRetrySettings};
 use super::wire::{AssistantMessage, ChatRequest, ChatResponse};
 use crate::metrics::{GenAiTarget, Metrics};
 use crate::secret::Secret;
+use crate::telemetry::genai;
 
 /// Where the model is and how to reach it.
 #[derive(Clone, Debug)]
@@ -64,10 +65,8 @@ impl ModelClient {
             url,
             api_key: endpoint.api_key.clone(),
         }));
-        // GenAI semconv: an OpenAI-compatible API is reached through the OpenAI API, so
-        // `gen_ai.provider.name` is `openai`; the model name tells the servers apart.
         let target = GenAiTarget {
-            provider: "openai",
+            provider: genai::PROVIDER,
             model: endpoint.model.clone(),
         };
         let stack = ServiceBuilder::new()
@@ -159,10 +158,13 @@ impl Endpoint {
             body = %String::from_utf8_lossy(&call.body),
             "model request"
         );
+        let mut headers = HeaderMap::new();
+        genai::inject_traceparent(&mut headers);
         let mut request = self
             .http
             .post(self.url.clone())
             .header(CONTENT_TYPE, "application/json")
+            .headers(headers)
             .body(call.body);
         if let Some(key) = &self.api_key {
             request = request.bearer_auth(key.expose());

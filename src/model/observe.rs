@@ -1,6 +1,7 @@
-//! Each chat-completions request as it is sent, retries included: how long it took,
-//! the tokens it used and the request timeouts, into the metrics. Sits between the request
-//! retry and the request timeout, so it sees every try and the timeout's verdict on it.
+//! Each chat-completions request as it is sent, retries included: its `chat {model}` span,
+//! and how long it took, the tokens it used and the request timeouts, into the metrics.
+//! Sits between the request retry and the request timeout, so it sees every try and the
+//! timeout's verdict on it.
 
 use std::future::Future;
 use std::pin::Pin;
@@ -10,11 +11,13 @@ use std::time::Instant;
 
 use tower::timeout::error::Elapsed;
 use tower::{BoxError, Layer, Service};
+use tracing::Instrument;
 
 use super::call::ModelCall;
 use super::error::ModelError;
 use super::wire::ChatResponse;
 use crate::metrics::{GenAiTarget, Metrics, TimedOut};
+use crate::telemetry::genai;
 
 #[derive(Clone)]
 pub struct ObserveLayer {
@@ -63,29 +66,26 @@ where
 
     fn call(&mut self, call: ModelCall) -> Self::Future {
         let ObserveLayer { metrics, target } = self.layer.clone();
+        let span = genai::chat(&target.model, call.attempt);
         let started = Instant::now();
-        let sent = self.inner.call(call);
+        let sent = span.in_scope(|| self.inner.call(call));
         Box::pin(async move {
-            let result = sent.await;
+            let result = sent.instrument(span.clone()).await;
             let took = started.elapsed();
-            match &result {
-                Ok(response) => {
-                    let usage = response
-                        .usage
-                        .map(|u| (u.prompt_tokens, u.completion_tokens));
-                    metrics.chat(&target, took, Ok(usage));
-                }
+            let outcome = match &result {
+                Ok(response) => Ok(response
+                    .usage
+                    .map(|u| (u.prompt_tokens, u.completion_tokens))),
                 Err(err) if err.is::<Elapsed>() => {
                     metrics.timeout(TimedOut::Request);
-                    metrics.chat(&target, took, Err("timeout"));
+                    Err("timeout")
                 }
-                Err(err) => {
-                    let reason = err
-                        .downcast_ref::<ModelError>()
-                        .map_or("_OTHER", |e| e.kind.reason());
-                    metrics.chat(&target, took, Err(reason));
-                }
-            }
+                Err(err) => Err(err
+                    .downcast_ref::<ModelError>()
+                    .map_or("_OTHER", |e| e.kind.reason())),
+            };
+            metrics.chat(&target, took, outcome);
+            genai::chat_finished(&span, outcome);
             result
         })
     }

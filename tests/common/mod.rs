@@ -366,6 +366,8 @@ impl Process {
             .env_remove("OPENAI_BASE_URL")
             .env_remove("DATABASE_URL")
             .env_remove("CHECKOUT_CONFIG")
+            .env_remove("OTEL_EXPORTER_OTLP_ENDPOINT")
+            .env_remove("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT")
             .env("CHECKOUT_LISTEN", "127.0.0.1:0")
             .env("CHECKOUT_LOG_FORMAT", "text")
             .env("NO_COLOR", "1")

@@ -70,6 +70,7 @@ impl ScriptedModel {
             http2_requests: AtomicU64::new(0),
             by_round: Mutex::new(Vec::new()),
             arrivals: Mutex::new(Vec::new()),
+            traceparents: Mutex::new(Vec::new()),
         });
         let accept = tokio::spawn(accept_loop(listener, state.clone()));
         Ok(ScriptedModel {
@@ -115,6 +116,12 @@ impl ScriptedModel {
     /// When each chat-completions request arrived, in order.
     pub fn arrivals(&self) -> Vec<Instant> {
         self.state.arrivals.lock().unwrap().clone()
+    }
+
+    /// The `traceparent` header of each chat-completions request, in order (`None` when
+    /// the request had none).
+    pub fn traceparents(&self) -> Vec<Option<String>> {
+        self.state.traceparents.lock().unwrap().clone()
     }
 
     /// Replaces the fault plan; counts of the new rules start at zero.

@@ -29,6 +29,8 @@ pub(super) struct State {
     pub(super) http2_requests: AtomicU64,
     pub(super) by_round: Mutex<Vec<u64>>,
     pub(super) arrivals: Mutex<Vec<Instant>>,
+    /// The `traceparent` header of each chat-completions request, in order.
+    pub(super) traceparents: Mutex<Vec<Option<String>>>,
 }
 
 pub(super) struct Plan {
@@ -103,6 +105,12 @@ async fn completions(state: &State, request: Request<Incoming>) -> Result<Answer
         state.http2_requests.fetch_add(1, Ordering::SeqCst);
     }
     state.arrivals.lock().unwrap().push(Instant::now());
+    let traceparent = request
+        .headers()
+        .get("traceparent")
+        .and_then(|v| v.to_str().ok())
+        .map(str::to_owned);
+    state.traceparents.lock().unwrap().push(traceparent);
     let authorized = {
         let plan = state.script.lock().unwrap();
         match &plan.api_key {
