@@ -38,7 +38,7 @@ struct Def {
 
 const CHECKOUTS: Def = Def {
     name: "checkout_checkouts_total",
-    help: "Checkouts that ran to an answer, by outcome: code=\"ok\" for a confirmed charge (made now or found), else the problem code (invalid_request counts requests refused before running). A replayed Idempotency-Key answer is not counted here.",
+    help: "Checkouts answered, by outcome: code=\"ok\" for a confirmed charge (made now or found), else the problem code; invalid_request counts orders refused by validation (a body or header the request parsers refuse is not counted). A replayed Idempotency-Key answer is not counted here.",
     buckets: None,
 };
 const CHARGES: Def = Def {

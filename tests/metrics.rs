@@ -231,3 +231,77 @@ async fn every_metric_is_described_and_the_endpoint_is_in_the_api_document() {
     let api = h.get("/api-docs/openapi.json").await.json();
     assert!(api["paths"]["/metrics"]["get"].is_object(), "{api}");
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_loop_timeout_and_a_server_timeout_are_counted_by_their_layer() {
+    // Every answer takes 300 ms (under the 400 ms request timeout): a loop of two rounds
+    // needs 600 ms, and the loop timeout is 450 ms, with no loop retry.
+    let h = Harness::with(Backend::Sqlite, "slow=300", |s| {
+        s.r#loop.retry.timeout = Duration::from_millis(450);
+        s.r#loop.retry.max_retries = 0;
+    })
+    .await;
+    let reply = h.checkout("C-1", "1").await;
+    assert_eq!(
+        reply.problem(504)["layer"],
+        "loop timeout",
+        "{}",
+        reply.text()
+    );
+    let text = h.get("/metrics").await.text();
+    assert_eq!(
+        sample(&text, "checkout_timeouts_total{layer=\"loop\"}"),
+        Some(1.0),
+        "{text}"
+    );
+    assert_eq!(
+        sample(&text, "checkout_timeouts_total{layer=\"server\"}"),
+        Some(0.0),
+        "{text}"
+    );
+    assert_eq!(
+        sample(&text, "checkout_timeouts_total{layer=\"request\"}"),
+        Some(0.0),
+        "{text}"
+    );
+    assert_eq!(
+        sample(
+            &text,
+            "checkout_checkouts_total{code=\"deadline_exceeded\"}"
+        ),
+        Some(1.0),
+        "{text}"
+    );
+    // The run cut off had reached its second round.
+    assert_eq!(
+        sample(&text, "checkout_loop_rounds_count"),
+        Some(1.0),
+        "{text}"
+    );
+    assert_eq!(
+        sample(&text, "checkout_loop_rounds_sum"),
+        Some(2.0),
+        "{text}"
+    );
+
+    // The server timeout (150 ms) gives up on the HTTP request; the checkout runs on.
+    let h = Harness::with(Backend::Sqlite, "slow=300", |s| {
+        s.server.timeout = Duration::from_millis(150);
+    })
+    .await;
+    assert_eq!(
+        h.checkout("C-2", "1").await.problem(504)["code"],
+        "deadline_exceeded"
+    );
+    let text = h.get("/metrics").await.text();
+    assert_eq!(
+        sample(&text, "checkout_timeouts_total{layer=\"server\"}"),
+        Some(1.0),
+        "{text}"
+    );
+    assert_eq!(
+        sample(&text, "checkout_timeouts_total{layer=\"loop\"}"),
+        Some(0.0),
+        "{text}"
+    );
+}
