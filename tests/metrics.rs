@@ -305,3 +305,54 @@ async fn a_loop_timeout_and_a_server_timeout_are_counted_by_their_layer() {
         "{text}"
     );
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn loop_retries_and_retry_budget_refusals_are_counted_apart_from_request_retries() {
+    // Three 503s in a row spend the request retry (1 + 2 retries); the loop retry runs the
+    // loop again, and its second attempt goes through.
+    let h = Harness::with(Backend::Sqlite, "503@1x3", |_| {}).await;
+    let reply = h.checkout("D-1", "1").await;
+    assert_eq!(reply.json()["attempts"], 2, "{}", reply.text());
+    let text = h.get("/metrics").await.text();
+    let retries = |layer: &str, reason: &str| {
+        sample(
+            &text,
+            &format!("checkout_retries_total{{layer=\"{layer}\",reason=\"{reason}\"}}"),
+        )
+    };
+    assert_eq!(retries("request", "http_503"), Some(2.0), "{text}");
+    assert_eq!(retries("loop", "model"), Some(1.0), "{text}");
+    assert_eq!(
+        sample(&text, "checkout_retry_budget_refusals_total"),
+        Some(0.0)
+    );
+
+    // An empty retry budget refuses the request retry: counted as a refusal, not a retry.
+    let h = Harness::with(Backend::Sqlite, "503@1x1", |s| {
+        s.request.budget_percent = 0;
+        s.request.budget_min_per_sec = 0;
+    })
+    .await;
+    let reply = h.checkout("D-2", "1").await;
+    assert_eq!(
+        reply.problem(502)["code"],
+        "model_error",
+        "{}",
+        reply.text()
+    );
+    let text = h.get("/metrics").await.text();
+    assert_eq!(
+        sample(&text, "checkout_retry_budget_refusals_total"),
+        Some(1.0),
+        "{text}"
+    );
+    assert!(
+        !text.contains("checkout_retries_total{"),
+        "no retry was made: {text}"
+    );
+    assert_eq!(
+        sample(&text, "checkout_checkouts_total{code=\"model_error\"}"),
+        Some(1.0),
+        "{text}"
+    );
+}
