@@ -1,13 +1,11 @@
 //! What needs a real `checkout` process: the embedded defaults, restarts, two instances
 //! on one Postgres, signals, exit codes, logs.
 
-mod common;
-
 use std::sync::Arc;
 use std::time::Duration;
 
+use crate::common::{Backend, Process, Reply, TestDb, client, post, scripted, until};
 use checkout::model::scripted::{Script, ScriptedModel};
-use common::{Backend, Process, Reply, TestDb, client, post, scripted};
 
 async fn checkout(http: &reqwest::Client, process: &Process, order: &str, amount: &str) -> Reply {
     post(
@@ -153,9 +151,7 @@ async fn sigterm_lets_an_in_flight_checkout_finish() {
     let http = client();
     let url = process.url("/checkout?orderId=G-1&amount=1.00");
     let in_flight = tokio::spawn(async move { post(&http, &url, &[], None).await });
-    while model.requests() == 0 {
-        tokio::time::sleep(Duration::from_millis(10)).await;
-    }
+    until("round 1 is asked", async || model.requests() > 0).await;
     process.signal("TERM");
     let reply = in_flight.await.unwrap();
     assert_eq!(reply.status, 200, "{}", reply.text());

@@ -1,13 +1,11 @@
 //! Real processes on one Postgres: a process killed (SIGKILL) at each point of a keyed
 //! checkout, then the client's retry to another instance; and one key spread over two.
 
-mod common;
-
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use crate::common::{Backend, Process, Reply, TestDb, client, post, scripted, until};
 use checkout::model::scripted::FaultRule;
-use common::{Backend, Process, Reply, TestDb, client, post, scripted};
 
 const KEY: (&str, &str) = ("idempotency-key", "crash-test-key");
 
@@ -70,14 +68,6 @@ impl Cluster {
             tokio::time::sleep(Duration::from_secs(wait)).await;
         }
     }
-
-    async fn until(&self, what: &str, mut done: impl AsyncFnMut() -> bool) {
-        let deadline = Instant::now() + Duration::from_secs(15);
-        while !done().await {
-            assert!(Instant::now() < deadline, "timed out waiting until {what}");
-            tokio::time::sleep(Duration::from_millis(10)).await;
-        }
-    }
 }
 
 /// Kills `victim` with SIGKILL while its checkout is in flight.
@@ -95,8 +85,7 @@ async fn killed_before_the_charge_the_retry_charges_once() {
     let c = Cluster::new("slow=3000@1x1").await;
     let (victim, survivor) = (c.instance(), c.instance());
     let lost = c.start_checkout(&victim);
-    c.until("round 1 is asked", async || c.model.requests() == 1)
-        .await;
+    until("round 1 is asked", async || c.model.requests() == 1).await;
     kill(victim);
     let _ = lost.await;
     assert_eq!(
@@ -120,7 +109,7 @@ async fn killed_after_the_charge_before_the_answer_the_retry_charges_once() {
     let c = Cluster::new("slow=3000@2x1").await;
     let (victim, survivor) = (c.instance(), c.instance());
     let lost = c.start_checkout(&victim);
-    c.until("round 2 is asked, after the charge", async || {
+    until("round 2 is asked, after the charge", async || {
         c.model.requests() == 2
     })
     .await;
@@ -144,8 +133,7 @@ async fn killed_while_saving_the_answer_the_retry_gets_the_committed_answer() {
     let c = Cluster::new("slow=500@1x1").await;
     let (victim, survivor) = (c.instance(), c.instance());
     let lost = c.start_checkout(&victim);
-    c.until("round 1 is asked", async || c.model.requests() == 1)
-        .await;
+    until("round 1 is asked", async || c.model.requests() == 1).await;
 
     // Hold the key's row, so that the victim's save waits on it: then kill the victim
     // in the middle of saving, and let go.
@@ -156,7 +144,7 @@ async fn killed_while_saving_the_answer_the_retry_gets_the_committed_answer() {
         .execute(&mut *hold)
         .await
         .unwrap();
-    c.until("the victim is saving its answer", async || {
+    until("the victim is saving its answer", async || {
         let waiting: i64 = sqlx::query_scalar(
             "SELECT count(*) FROM pg_stat_activity \
              WHERE wait_event_type = 'Lock' AND query LIKE 'UPDATE idempotency_keys SET status%'",

@@ -1,9 +1,7 @@
 //! POST /checkout through real HTTP, with the scripted model on loopback: the happy path,
 //! the repeated charge, the amount conflict, validation, receipts, health, concurrency.
 
-mod common;
-
-use common::{Backend, Harness, Reply};
+use crate::common::{Backend, Harness, Reply};
 use serde_json::Value;
 
 fn is_uuid_v7(text: &str) -> bool {
@@ -442,7 +440,7 @@ async fn the_served_openapi_document_matches_its_snapshot() {
     let pinned = std::fs::read_to_string(SNAPSHOT).unwrap_or_default();
     if served != pinned {
         panic!(
-            "/api-docs/openapi.json differs from {SNAPSHOT} (- pinned, + served):\n{}\nIf the change is meant, update the snapshot and commit it:\n    UPDATE_SNAPSHOTS=1 cargo test --test checkout the_served_openapi_document_matches_its_snapshot",
+            "/api-docs/openapi.json differs from {SNAPSHOT} (- pinned, + served):\n{}\nIf the change is meant, update the snapshot and commit it:\n    UPDATE_SNAPSHOTS=1 cargo test --test spec the_served_openapi_document_matches_its_snapshot",
             line_diff(&pinned, &served)
         );
     }

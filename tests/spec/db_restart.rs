@@ -2,13 +2,11 @@
 //! test breaks as a restart would). The charge happens once or not at all, and the
 //! answer says which.
 
-mod common;
+use std::time::Duration;
 
-use std::time::{Duration, Instant};
-
+use crate::common::proxy::Proxy;
+use crate::common::{Backend, Harness, TestDb, scripted, test_settings, until};
 use checkout::model::scripted::FaultRule;
-use common::proxy::Proxy;
-use common::{Backend, Harness, TestDb, scripted, test_settings};
 
 async fn behind_proxy(faults: &str) -> (Harness, Proxy) {
     let db = TestDb::new(Backend::Postgres).await;
@@ -18,14 +16,6 @@ async fn behind_proxy(faults: &str) -> (Harness, Proxy) {
     settings.database.url = db.url_via(proxy.addr);
     settings.database.pool.acquire_timeout = Duration::from_millis(300);
     (Harness::serve(db, model, settings).await, proxy)
-}
-
-async fn until(what: &str, mut done: impl AsyncFnMut() -> bool) {
-    let deadline = Instant::now() + Duration::from_secs(10);
-    while !done().await {
-        assert!(Instant::now() < deadline, "timed out waiting until {what}");
-        tokio::time::sleep(Duration::from_millis(5)).await;
-    }
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -7,54 +7,66 @@
 //! again to be sure (round 2, `recharge@2`: the charge key turns it into a read), then
 //! confirms (round 3). Request retries: 2; loop retries: 2 (on) or 0 (off).
 
-mod common;
-
 use std::time::Duration;
 
+use crate::common::{Backend, Harness, TestDb};
 use checkout::config::Settings;
-use common::{Backend, Harness, TestDb};
 
-/// What one cell must show.
+/// What one cell must show, named: `Expect::ok().requests(6).attempts(2)`,
+/// `Expect::fail(502, "model_error").receipts(0).requests(3)`.
 #[derive(Clone, Copy, Debug)]
 struct Expect {
     status: u16,
     /// The problem `code`; empty for a 200.
     code: &'static str,
     receipts: i64,
-    model_requests: u64,
+    requests: u64,
     /// Loop attempts (`attempts` in the answer).
     attempts: u64,
 }
 
-const fn ok(model_requests: u64, attempts: u64) -> Expect {
-    Expect {
-        status: 200,
-        code: "",
-        receipts: 1,
-        model_requests,
-        attempts,
+impl Expect {
+    /// A 200 with the order's one receipt, after one round per script step, first try.
+    const fn ok() -> Expect {
+        Expect {
+            status: 200,
+            code: "",
+            receipts: 1,
+            requests: 3,
+            attempts: 1,
+        }
     }
-}
 
-const fn fail(
-    status: u16,
-    code: &'static str,
-    receipts: i64,
-    model_requests: u64,
-    attempts: u64,
-) -> Expect {
-    Expect {
-        status,
-        code,
-        receipts,
-        model_requests,
-        attempts,
+    /// A problem with this status and code; no receipt unless said.
+    const fn fail(status: u16, code: &'static str) -> Expect {
+        Expect {
+            status,
+            code,
+            receipts: 0,
+            requests: 1,
+            attempts: 1,
+        }
+    }
+
+    const fn receipts(self, receipts: i64) -> Expect {
+        Expect { receipts, ..self }
+    }
+
+    /// Chat-completions requests the scripted model received.
+    const fn requests(self, requests: u64) -> Expect {
+        Expect { requests, ..self }
+    }
+
+    const fn attempts(self, attempts: u64) -> Expect {
+        Expect { attempts, ..self }
     }
 }
 
 fn matrix_settings(s: &mut Settings, loop_retry: bool) {
-    s.request.timeout = Duration::from_millis(300);
-    s.r#loop.retry.timeout = Duration::from_millis(3_000);
+    // Long beside an answer (milliseconds), so a loaded machine does not add a timeout
+    // the cell does not expect; the loop timeout outlasts three timed-out requests.
+    s.request.timeout = Duration::from_millis(1_000);
+    s.r#loop.retry.timeout = Duration::from_millis(6_000);
     s.r#loop.retry.max_retries = if loop_retry { 2 } else { 0 };
 }
 
@@ -97,7 +109,7 @@ async fn row(backend: Backend, fault: &str, cells: [[Expect; 2]; 3]) {
                 assert_eq!(body["attempts"], expect.attempts, "{cell}: {body}");
                 assert_eq!(h.db.receipts("X-1").await, expect.receipts, "{cell}");
                 assert_eq!(h.db.all_receipts().await, expect.receipts, "{cell}");
-                assert_eq!(h.model.requests(), expect.model_requests, "{cell}: {body}");
+                assert_eq!(h.model.requests(), expect.requests, "{cell}: {body}");
             });
         }
     }
@@ -110,10 +122,20 @@ async fn row(backend: Backend, fault: &str, cells: [[Expect; 2]; 3]) {
 /// With the loop retry on, the second loop attempt succeeds and the earlier charge is
 /// found, not repeated; off, the checkout fails after the round's three requests.
 fn spends_the_request_retry(status: u16, code: &'static str) -> [[Expect; 2]; 3] {
+    let fail = Expect::fail(status, code);
     [
-        [ok(6, 2), fail(status, code, 0, 3, 1)],
-        [ok(7, 2), fail(status, code, 1, 4, 1)],
-        [ok(8, 2), fail(status, code, 1, 5, 1)],
+        [
+            Expect::ok().requests(6).attempts(2),
+            fail.receipts(0).requests(3),
+        ],
+        [
+            Expect::ok().requests(7).attempts(2),
+            fail.receipts(1).requests(4),
+        ],
+        [
+            Expect::ok().requests(8).attempts(2),
+            fail.receipts(1).requests(5),
+        ],
     ]
 }
 
@@ -151,24 +173,34 @@ matrix_row!(
     spends_the_request_retry(502, "model_error")
 );
 
+const MODEL_ERROR: Expect = Expect::fail(502, "model_error");
+
 // Not repeated by the request retry; the loop retry starts a fresh conversation.
 matrix_row!(
     malformed_json,
     "malformedx1",
     [
-        [ok(4, 2), fail(502, "model_error", 0, 1, 1)],
-        [ok(5, 2), fail(502, "model_error", 1, 2, 1)],
-        [ok(6, 2), fail(502, "model_error", 1, 3, 1)],
+        [
+            Expect::ok().requests(4).attempts(2),
+            MODEL_ERROR.receipts(0).requests(1),
+        ],
+        [
+            Expect::ok().requests(5).attempts(2),
+            MODEL_ERROR.receipts(1).requests(2),
+        ],
+        [
+            Expect::ok().requests(6).attempts(2),
+            MODEL_ERROR.receipts(1).requests(3),
+        ],
     ]
 );
 
 // A refusal by the provider is repeated by neither retry: one request, whatever the round.
 const fn refused(round: u64) -> [Expect; 2] {
-    let receipts = if round == 1 { 0 } else { 1 };
-    [
-        fail(502, "model_error", receipts, round, 1),
-        fail(502, "model_error", receipts, round, 1),
-    ]
+    let cell = MODEL_ERROR
+        .receipts(if round == 1 { 0 } else { 1 })
+        .requests(round);
+    [cell, cell]
 }
 matrix_row!(status_401, "401", [refused(1), refused(2), refused(3)]);
 matrix_row!(
@@ -178,22 +210,14 @@ matrix_row!(
 );
 
 // Slow, but within the request timeout: nothing is retried.
-matrix_row!(
-    slow_answer,
-    "slow=100x1",
-    [
-        [ok(3, 1), ok(3, 1)],
-        [ok(3, 1), ok(3, 1)],
-        [ok(3, 1), ok(3, 1)]
-    ]
-);
+matrix_row!(slow_answer, "slow=100x1", [[Expect::ok(), Expect::ok()]; 3]);
 
 // The model's mistakes are answered with an error result and cost it one more round;
 // at round 3 the model has to answer once more (round 4) after the refusal.
 const MISTAKE: [[Expect; 2]; 3] = [
-    [ok(3, 1), ok(3, 1)],
-    [ok(3, 1), ok(3, 1)],
-    [ok(4, 1), ok(4, 1)],
+    [Expect::ok(), Expect::ok()],
+    [Expect::ok(), Expect::ok()],
+    [Expect::ok().requests(4), Expect::ok().requests(4)],
 ];
 matrix_row!(wrong_order, "wrong-orderx1", MISTAKE);
 matrix_row!(wrong_amount, "wrong-amountx1", MISTAKE);
@@ -201,10 +225,7 @@ matrix_row!(same_charge_twice_in_one_answer, "double-chargex1", MISTAKE);
 
 // A model that never stops calling the tool: every round, so the round does not vary.
 // Ten rounds (CHECKOUT_MAX_ROUNDS), ten charge calls, one receipt, and no loop retry.
-const NEVER_STOPS: [Expect; 2] = [
-    fail(502, "model_error", 1, 10, 1),
-    fail(502, "model_error", 1, 10, 1),
-];
+const NEVER_STOPS: [Expect; 2] = [MODEL_ERROR.receipts(1).requests(10); 2];
 matrix_row!(
     never_stops_calling_the_tool,
     "recharge",
@@ -214,10 +235,7 @@ matrix_row!(
 // The article's incident: the provider times out on the second round, after the charge.
 // The loop retry restarts the loop; the charge runs again and returns the first receipt.
 both_backends!(the_articles_incident_charges_once, |backend| async move {
-    let h = Harness::with(backend, "timeout@2x3", |s| {
-        s.request.timeout = Duration::from_millis(300)
-    })
-    .await;
+    let h = Harness::with(backend, "timeout@2x3", |s| matrix_settings(s, true)).await;
     let reply = h.checkout("A-100", "42.50").await;
     assert_eq!(reply.status, 200, "{}", reply.text());
     let body = reply.json();
@@ -245,7 +263,7 @@ async fn a_bad_api_key_is_one_request_and_a_502() {
     )
     .await
     .unwrap();
-    let mut settings = common::test_settings(&db, &model);
+    let mut settings = crate::common::test_settings(&db, &model);
     settings.model.api_key = Some(checkout::secret::Secret::new("sk-wrong"));
     let h = Harness::serve(db, model, settings).await;
     let problem = h.checkout("K-1", "1.00").await.problem(502);
