@@ -12,10 +12,12 @@ use utoipa::openapi::schema::{ObjectBuilder, OneOfBuilder, Schema, SchemaType, T
 use utoipa::openapi::{RefOr, Response as DocResponse};
 use utoipa::{IntoParams, IntoResponses, PartialSchema, ToSchema};
 
+use super::answer::Answer;
 use super::error::{Code, Problem, documented};
 use super::extract::{JsonBody, Params};
 use super::idempotent::{self, IdempotencyKey};
-use super::{Answer, AppState, ReceiptView};
+use super::receipts::ReceiptView;
+use super::state::AppState;
 use crate::assistant::{
     ChargeStatus, CheckoutContext, CheckoutError, CheckoutOutcome, FailureKind,
 };

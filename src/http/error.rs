@@ -10,7 +10,7 @@ use utoipa::ToSchema;
 use utoipa::openapi::example::ExampleBuilder;
 use utoipa::openapi::{ContentBuilder, Ref, RefOr, ResponseBuilder};
 
-use super::Answer;
+use super::answer::Answer;
 
 pub const PROBLEM_JSON: &str = "application/problem+json";
 

@@ -13,8 +13,9 @@ use utoipa::IntoParams;
 use utoipa::openapi::path::{Parameter, ParameterBuilder, ParameterIn};
 use utoipa::openapi::{ObjectBuilder, Required, Type};
 
+use super::answer::Answer;
 use super::error::{Code, Problem};
-use super::{Answer, AppState};
+use super::state::AppState;
 use crate::idempotency::{self, Begin, Fingerprint, Lease, Saved};
 use crate::payments::OperationKey;
 

@@ -2,11 +2,9 @@
 
 use std::time::SystemTime;
 
-use hyper::StatusCode;
 use serde_json::json;
 
 use super::plan::{Fault, Quirk};
-use super::server::{Answer, json_answer};
 use crate::model::wire::{ChatRequest, Message};
 
 /// What the order looks like to the model: read from the user message, as a model would.
@@ -51,7 +49,7 @@ pub(super) fn assistant_answer(
     number: u64,
     fault: Option<Fault>,
     quirks: &[Quirk],
-) -> Answer {
+) -> serde_json::Value {
     let completion = |text: Option<&str>, calls| completion(chat, number, text, calls, quirks);
     let Some(asked) = asked(chat) else {
         return completion(Some("I could not find an order to charge."), vec![]);
@@ -116,7 +114,7 @@ fn completion(
     text: Option<&str>,
     calls: Vec<(String, String)>,
     quirks: &[Quirk],
-) -> Answer {
+) -> serde_json::Value {
     let quirk = |q: Quirk| quirks.contains(&q);
     let tool_calls: Vec<serde_json::Value> = calls
         .into_iter()
@@ -162,15 +160,21 @@ fn completion(
         .duration_since(SystemTime::UNIX_EPOCH)
         .map(|d| d.as_secs())
         .unwrap_or_default();
-    json_answer(
-        StatusCode::OK,
-        &json!({
-            "id": format!("chatcmpl-scripted-{number}"),
-            "object": "chat.completion",
-            "created": created,
-            "model": chat.model,
-            "choices": [{"index": 0, "message": message, "finish_reason": finish}],
-            "usage": {"prompt_tokens": 0, "completion_tokens": 0, "total_tokens": 0},
-        }),
-    )
+    // Tokens as a provider would count them, roughly: a token per four bytes of what
+    // was sent and of what is answered, so that a saving in requests shows in tokens.
+    let sent = serde_json::to_string(&chat.messages).map_or(0, |text| text.len());
+    let (prompt_tokens, completion_tokens) =
+        (sent.div_ceil(4), message.to_string().len().div_ceil(4));
+    json!({
+        "id": format!("chatcmpl-scripted-{number}"),
+        "object": "chat.completion",
+        "created": created,
+        "model": chat.model,
+        "choices": [{"index": 0, "message": message, "finish_reason": finish}],
+        "usage": {
+            "prompt_tokens": prompt_tokens,
+            "completion_tokens": completion_tokens,
+            "total_tokens": prompt_tokens + completion_tokens,
+        },
+    })
 }

@@ -67,7 +67,7 @@ impl std::fmt::Display for CloseConnection {
 
 impl std::error::Error for CloseConnection {}
 
-pub(super) type Answer = Response<Full<Bytes>>;
+type Answer = Response<Full<Bytes>>;
 
 async fn handle(state: Arc<State>, request: Request<Incoming>) -> Result<Answer, CloseConnection> {
     let path = request.uri().path();
@@ -211,7 +211,10 @@ async fn completions(state: &State, request: Request<Incoming>) -> Result<Answer
             )))
             .expect("a valid response")),
         Some(Fault::Replay(recording)) => Ok(replayed(&recording)),
-        other => Ok(assistant_answer(&chat, number, other, &quirks)),
+        other => Ok(json_answer(
+            StatusCode::OK,
+            &assistant_answer(&chat, number, other, &quirks),
+        )),
     }
 }
 
@@ -227,7 +230,7 @@ fn replayed(recording: &Recording) -> Answer {
         .expect("a valid response")
 }
 
-pub(super) fn json_answer(status: StatusCode, body: &serde_json::Value) -> Answer {
+fn json_answer(status: StatusCode, body: &serde_json::Value) -> Answer {
     Response::builder()
         .status(status)
         .header(CONTENT_TYPE, "application/json")
