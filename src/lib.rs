@@ -8,6 +8,7 @@ pub mod config;
 pub mod db;
 pub mod http;
 pub mod idempotency;
+pub mod journal;
 pub mod model;
 pub mod payments;
 pub mod retry;
@@ -20,10 +21,11 @@ use std::net::SocketAddr;
 use axum::Router;
 use tokio::net::TcpListener;
 
-use assistant::{AgentLoop, Assistant, LoopLimits, ToolBox};
+use assistant::{AgentLoop, Assistant, LoopLimits, Memory, ToolBox};
 use config::{Provider, Settings};
 use db::{Database, OpenError};
 use http::{AppState, ModelInfo};
+use journal::Journal;
 use model::scripted::{Script, ScriptedModel};
 use model::{ModelClient, ModelEndpoint};
 use payments::{PaymentGateway, Receipts};
@@ -88,7 +90,11 @@ impl App {
             max_nudges: settings.r#loop.max_nudges,
             max_tokens: assistant::MAX_TOKENS,
         };
-        let agent = AgentLoop::new(client, ToolBox::new(gateway.clone()), limits);
+        let memory = Memory::new(
+            settings.r#loop.journal.then(|| Journal::new(&db)),
+            settings.idempotency.ttl,
+        );
+        let agent = AgentLoop::new(client, ToolBox::new(gateway.clone()), memory, limits);
         let assistant = Assistant::new(agent, &settings.r#loop.retry);
         announce(&settings, &db, &info);
         let sweep_every = (settings.idempotency.ttl / 4).clamp(
@@ -166,10 +172,16 @@ fn announce(settings: &Settings, db: &Database, model: &ModelInfo) {
         layer = 3,
         unit = "the whole assistant loop, tools included",
         max_retries = settings.r#loop.retry.max_retries,
-        "[3] loop retry: repeats the whole assistant loop up to {} more time(s), backoff {}..{} ms; on a loop timeout, a model failure the request retry could not mend, a transient database error; never on a model 4xx, invalid input, amount_conflict, model_did_not_charge",
+        journal = settings.r#loop.journal,
+        "[3] loop retry: repeats the whole assistant loop up to {} more time(s), backoff {}..{} ms; on a loop timeout, a model failure the request retry could not mend, a transient database error; never on a model 4xx, invalid input, amount_conflict, model_did_not_charge. {}",
         settings.r#loop.retry.max_retries,
         ms(settings.r#loop.retry.backoff_min),
-        ms(settings.r#loop.retry.backoff_max)
+        ms(settings.r#loop.retry.backoff_max),
+        if settings.r#loop.journal {
+            "Journal on: a repeat (and a client's retry with the same Idempotency-Key, or another instance's) resumes from the journal, replaying the steps that ended instead of asking the model again"
+        } else {
+            "Journal off (CHECKOUT_JOURNAL=false): every repeat starts the loop over"
+        }
     );
     tracing::info!(
         layer = 4,

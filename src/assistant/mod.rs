@@ -4,6 +4,7 @@ pub mod agent;
 pub mod arguments;
 pub mod context;
 pub mod error;
+pub mod memory;
 pub mod prompts;
 pub mod retry;
 pub mod tools;
@@ -12,13 +13,14 @@ use tower::util::BoxCloneSyncService;
 use tower::{BoxError, ServiceBuilder, ServiceExt};
 
 pub use agent::{AgentLoop, CheckoutOutcome, LoopLimits};
-pub use context::{ChargeReport, ChargeStatus};
+pub use context::{ChargeReport, ChargeStatus, Usage};
 
 /// The longest model answer asked for: a tool call or a sentence needs under a hundred
 /// tokens; a small model pushed to call a tool has rambled for thousands.
 pub const MAX_TOKENS: u32 = 512;
 pub use context::{CheckoutContext, LoopRequest};
-pub use error::{CheckoutError, FailureKind};
+pub use error::{CheckoutError, FailureKind, JournalFailure};
+pub use memory::Memory;
 pub use retry::{LoopRetry, LoopRetrySettings};
 pub use tools::ToolBox;
 

@@ -106,13 +106,17 @@ impl IntoParams for IdempotencyKey {
 
 /// Runs `work` once for `key`: the first request with the key runs it and saves a final
 /// answer; a repeat with the same `fingerprint` gets that answer back, byte for byte.
-pub async fn once(
+/// The work is given the lease it runs under (its fence names it to the journal).
+pub async fn once<F>(
     app: &AppState,
     scope: &str,
     key: &OperationKey,
     fingerprint: &Fingerprint,
-    work: impl Future<Output = Answer> + Send + 'static,
-) -> Response {
+    work: impl FnOnce(&Lease) -> F,
+) -> Response
+where
+    F: Future<Output = Answer> + Send + 'static,
+{
     let settings = app.settings();
     let begun = idempotency::begin(
         app.records(),
@@ -124,9 +128,12 @@ pub async fn once(
     )
     .await;
     match begun {
-        Ok(Begin::Owner(lease)) => detached(owned(app.clone(), lease, work))
-            .await
-            .into_response(),
+        Ok(Begin::Owner(lease)) => {
+            let work = work(&lease);
+            detached(owned(app.clone(), lease, work))
+                .await
+                .into_response()
+        }
         Ok(Begin::Replay(saved)) => replay(saved),
         Ok(Begin::Mismatch) => Problem::new(
             Code::KeyReuse,

@@ -79,6 +79,17 @@ pub struct FunctionSpec {
 pub struct ChatResponse {
     #[serde(default)]
     pub choices: Vec<Choice>,
+    /// Tokens as the provider counted them; some servers leave it out.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub usage: Option<TokenUsage>,
+}
+
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct TokenUsage {
+    #[serde(default)]
+    pub prompt_tokens: u64,
+    #[serde(default)]
+    pub completion_tokens: u64,
 }
 
 #[derive(Clone, Debug, Serialize, Deserialize)]

@@ -125,7 +125,21 @@ async fn killed_after_the_charge_before_the_answer_the_retry_charges_once() {
         "the charge is this operation's, made by the dead instance"
     );
     assert_eq!(c.db.receipts("K-1").await, 1);
-    assert_eq!(c.model.requests(), 2 + 2);
+    // The survivor resumes from the journal: round 1's answer and the charge's result
+    // are replayed, and only round 2 is asked again.
+    assert_eq!(c.model.requests(), 2 + 1);
+    assert_eq!(
+        c.model.requests_at_round(1),
+        1,
+        "round 1 is not asked again"
+    );
+    assert_eq!(
+        (
+            body["usage"]["modelRequests"].as_u64(),
+            body["usage"]["replayedSteps"].as_u64()
+        ),
+        (Some(1), Some(2))
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -136,10 +150,11 @@ async fn killed_while_saving_the_answer_the_retry_gets_the_committed_answer() {
     until("round 1 is asked", async || c.model.requests() == 1).await;
 
     // Hold the key's row, so that the victim's save waits on it: then kill the victim
-    // in the middle of saving, and let go.
+    // in the middle of saving, and let go. A share lock: the journal's appends (which
+    // share-lock the row too) go on, the save's UPDATE waits.
     let pool = sqlx::PgPool::connect(&c.db.url).await.unwrap();
     let mut hold = pool.begin().await.unwrap();
-    sqlx::query("SELECT 1 FROM idempotency_keys WHERE key = $1 FOR UPDATE")
+    sqlx::query("SELECT 1 FROM idempotency_keys WHERE key = $1 FOR SHARE")
         .bind(KEY.1)
         .execute(&mut *hold)
         .await

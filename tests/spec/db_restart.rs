@@ -1,6 +1,9 @@
 //! The database goes away in the middle of a checkout (Postgres behind a proxy that the
 //! test breaks as a restart would). The charge happens once or not at all, and the
 //! answer says which.
+//!
+//! These tests follow the charge statement, so they run with the journal off (with it on,
+//! the journal's own writes meet the restart first: the last test here).
 
 use std::time::Duration;
 
@@ -15,6 +18,7 @@ async fn behind_proxy(faults: &str) -> (Harness, Proxy) {
     let mut settings = test_settings(&db, &model);
     settings.database.url = db.url_via(proxy.addr);
     settings.database.pool.acquire_timeout = Duration::from_millis(300);
+    settings.r#loop.journal = false;
     (Harness::serve(db, model, settings).await, proxy)
 }
 
@@ -132,6 +136,7 @@ async fn a_charge_whose_answer_never_comes_does_not_stall_the_charges_after_it()
     settings.database.url = db.url_via(proxy.addr);
     settings.request.timeout = Duration::from_millis(500);
     settings.r#loop.retry.timeout = Duration::from_millis(1_000);
+    settings.r#loop.journal = false;
     let h = std::sync::Arc::new(Harness::serve(db, model, settings).await);
     // Prepares the statements, so that the next charge needs no answer before it runs.
     assert_eq!(h.checkout("DB-4-warm", "1.00").await.status, 200);
@@ -160,4 +165,41 @@ async fn a_charge_whose_answer_never_comes_does_not_stall_the_charges_after_it()
     );
     assert_eq!(h.db.receipts("DB-4").await, 1);
     assert_eq!(h.db.receipts("DB-5").await, 1);
+}
+
+/// With the journal on, a loop attempt starts by reading it: while the database is down
+/// no attempt gets as far as the model, and nothing is charged.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn with_the_journal_a_database_down_is_503_before_the_model_is_asked() {
+    let db = TestDb::new(Backend::Postgres).await;
+    let proxy = Proxy::start("127.0.0.1:5432".parse().unwrap()).await;
+    let model = scripted("").await;
+    let mut settings = test_settings(&db, &model);
+    settings.database.url = db.url_via(proxy.addr);
+    settings.database.pool.acquire_timeout = Duration::from_millis(300);
+    let h = Harness::serve(db, model, settings).await;
+    proxy.down();
+    let reply = h.checkout("DB-6", "5.00").await;
+    let problem = reply.problem(503);
+    assert_eq!(problem["code"], "unavailable");
+    assert_eq!(problem["attempts"], 3, "{problem}");
+    assert!(
+        problem["detail"]
+            .as_str()
+            .unwrap()
+            .starts_with("the journal did not answer"),
+        "{problem}"
+    );
+    assert_eq!(problem["charged"], false, "no charge statement was sent");
+    assert_eq!(h.model.requests(), 0);
+    proxy.up();
+    assert_eq!(h.db.receipts("DB-6").await, 0);
+    let reply = h.checkout("DB-6", "5.00").await;
+    assert_eq!(
+        reply.status,
+        200,
+        "back up, the same order goes through: {}",
+        reply.text()
+    );
+    assert_eq!(h.db.receipts("DB-6").await, 1);
 }

@@ -379,7 +379,10 @@ async fn the_openapi_document_describes_every_field_and_error() {
         .keys()
         .map(String::as_str)
         .collect();
-    assert_eq!(statuses, ["200", "400", "409", "422", "502", "503", "504"]);
+    assert_eq!(
+        statuses,
+        ["200", "400", "409", "422", "500", "502", "503", "504"]
+    );
     assert!(post["responses"]["200"]["content"]["text/plain"].is_object());
     assert!(post["responses"]["200"]["content"]["application/json"].is_object());
     // Optional: absent `required` means false in OpenAPI.
