@@ -10,6 +10,7 @@ mod db_restart;
 mod endpoint;
 mod faults;
 mod idempotency;
+mod journal;
 mod model_behaviour;
 mod process;
 mod real_server_answers;

@@ -91,6 +91,25 @@ impl TestDb {
         self.count("SELECT count(*) FROM receipts", None).await
     }
 
+    /// Runs one statement that needs no parameters: a test that changes what the
+    /// service wrote, as an operator or a bug might.
+    pub async fn execute(&self, sql: &'static str) -> u64 {
+        match self.backend {
+            Backend::Postgres => {
+                let pool = sqlx::PgPool::connect(&self.url).await.expect("connect");
+                let done = sqlx::query(sql).execute(&pool).await.expect("execute");
+                pool.close().await;
+                done.rows_affected()
+            }
+            Backend::Sqlite => {
+                let pool = sqlx::SqlitePool::connect(&self.url).await.expect("connect");
+                let done = sqlx::query(sql).execute(&pool).await.expect("execute");
+                pool.close().await;
+                done.rows_affected()
+            }
+        }
+    }
+
     /// A `SELECT count(*)` with at most one parameter, `$1`.
     pub async fn count(&self, sql: &'static str, arg: Option<&str>) -> i64 {
         match self.backend {
