@@ -226,3 +226,52 @@ async fn twenty_concurrent_requests_with_one_key_over_two_instances_run_the_loop
         );
     }
 }
+
+/// Two instances race to resume one operation. The first is paused (SIGSTOP) after its
+/// charge, waiting on round 2; its lease lapses and the client's retry to the second
+/// instance takes the key over and resumes from the journal. When the first wakes up,
+/// the journal refuses its round-2 answer (its fence is no longer the key's), and it
+/// stops: one receipt, one journal, the second instance's answer saved.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_paused_instance_that_lost_its_lease_stops_and_the_other_resumes() {
+    let c = Cluster::new("slow=2000@2x1").await;
+    let (first, second) = (c.instance(), c.instance());
+    let late = c.start_checkout(&first);
+    until("round 2 is asked, after the charge", async || {
+        c.model.requests() == 2
+    })
+    .await;
+    first.signal("STOP");
+
+    let reply = c.retry_until_done(&second).await;
+    assert_eq!(reply.status, 200, "{}", reply.text());
+    let body = reply.json();
+    assert_eq!(body["charged"], true);
+    assert_eq!(body["usage"]["replayedSteps"], 2, "{body}");
+    assert_eq!(c.model.requests(), 3, "round 2 asked again, round 1 not");
+    assert_eq!(c.model.requests_at_round(1), 1);
+
+    first.signal("CONT");
+    let late = late.await.unwrap();
+    let problem = late.problem(409);
+    assert_eq!(problem["code"], "in_flight");
+    assert!(
+        problem["detail"]
+            .as_str()
+            .unwrap()
+            .starts_with("another instance took this operation over"),
+        "{problem}"
+    );
+    assert_eq!(c.db.receipts("K-1").await, 1);
+    assert_eq!(
+        c.db.count("SELECT count(*) FROM agent_journal", None).await,
+        3,
+        "steps 1 and 2 by the first instance, step 3 by the second; none after"
+    );
+    let replay = c.checkout(&second).await;
+    assert_eq!(replay.header("idempotent-replayed"), Some("true"));
+    assert_eq!(
+        replay.body, reply.body,
+        "the second instance's answer is the one saved"
+    );
+}
