@@ -95,7 +95,7 @@ impl App {
             settings.idempotency.ttl,
         );
         let agent = AgentLoop::new(client, ToolBox::new(gateway.clone()), memory, limits);
-        let assistant = Assistant::new(agent, &settings.r#loop.retry);
+        let assistant = Assistant::new(agent, &settings.r#loop.retry, settings.r#loop.journal);
         announce(&settings, &db, &info);
         let sweep_every = (settings.idempotency.ttl / 4).clamp(
             std::time::Duration::from_millis(100),
@@ -211,7 +211,7 @@ fn announce(settings: &Settings, db: &Database, model: &ModelInfo) {
         "[6] request timeout: {} ms per model request",
         ms(settings.request.timeout)
     );
-    if settings.r#loop.retry.max_retries > 0 {
+    if settings.r#loop.retry.max_retries > 0 && !settings.r#loop.journal {
         tracing::warn!(
             "the loop retry re-runs tools that already ran, the charge included; it cannot double-charge here because every attempt charges with the charge key the handler made from the order id before the first attempt, and the receipts table's unique order_id hands a repeated charge the first receipt"
         );

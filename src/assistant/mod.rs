@@ -31,9 +31,10 @@ pub struct Assistant {
 }
 
 impl Assistant {
-    pub fn new(agent: AgentLoop, settings: &LoopRetrySettings) -> Self {
+    /// `resumes`: the loop journals its steps, so a retry resumes it (said in the log).
+    pub fn new(agent: AgentLoop, settings: &LoopRetrySettings, resumes: bool) -> Self {
         let stack = ServiceBuilder::new()
-            .retry(LoopRetry::new(settings))
+            .retry(LoopRetry::new(settings, resumes))
             .timeout(settings.timeout)
             .service(agent);
         Assistant {
