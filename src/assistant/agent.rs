@@ -105,7 +105,7 @@ impl Inner {
             max_tokens: Some(limits.max_tokens),
         };
         let pins = memory::pins(ctx, &chat);
-        let mut replay = self.memory.recall(ctx, &pins).await?;
+        let mut replay = self.memory.recall(ctx, &pins, attempt).await?;
         let mut receipt: Option<Receipt> = None;
         let mut nudges = 0;
         let mut step = 0;

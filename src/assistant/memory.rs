@@ -41,15 +41,23 @@ impl Memory {
 
     /// The steps this operation has journaled under these pins. Under other pins its
     /// journal is discarded and the loop starts afresh.
+    ///
+    /// The first loop attempt of a new operation has nothing to read, and does not ask: a
+    /// minted operation key is new, and so is an Idempotency-Key whose record this request
+    /// made (fence 1: a takeover raises it, and a record is forgotten with its journal).
     pub async fn recall(
         &self,
         ctx: &CheckoutContext,
         pins: &str,
+        attempt: u32,
     ) -> Result<Replay, JournalFailure> {
         let Some(journal) = &self.journal else {
             return Ok(Replay::default());
         };
         let key = ctx.journal_key();
+        if attempt == 1 && key.fence.is_none_or(|fence| fence == 1) {
+            return Ok(Replay::default());
+        }
         let entries = journal.load(&key.scope, &key.operation_key).await?;
         let Some(first) = entries.first() else {
             return Ok(Replay::default());

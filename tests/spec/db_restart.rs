@@ -167,10 +167,11 @@ async fn a_charge_whose_answer_never_comes_does_not_stall_the_charges_after_it()
     assert_eq!(h.db.receipts("DB-5").await, 1);
 }
 
-/// With the journal on, a loop attempt starts by reading it: while the database is down
-/// no attempt gets as far as the model, and nothing is charged.
+/// With the journal on, a model answer is journaled before its tools run, and a retried
+/// loop attempt starts by reading the journal: while the database is down no attempt gets
+/// as far as a tool, and nothing is charged.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn with_the_journal_a_database_down_is_503_before_the_model_is_asked() {
+async fn with_the_journal_a_database_down_is_503_before_any_tool_runs() {
     let db = TestDb::new(Backend::Postgres).await;
     let proxy = Proxy::start("127.0.0.1:5432".parse().unwrap()).await;
     let model = scripted("").await;
@@ -191,7 +192,11 @@ async fn with_the_journal_a_database_down_is_503_before_the_model_is_asked() {
         "{problem}"
     );
     assert_eq!(problem["charged"], false, "no charge statement was sent");
-    assert_eq!(h.model.requests(), 0);
+    assert_eq!(
+        h.model.requests(),
+        1,
+        "attempt 1 asked round 1 and could not journal the answer; attempts 2 and 3 could not read the journal"
+    );
     proxy.up();
     assert_eq!(h.db.receipts("DB-6").await, 0);
     let reply = h.checkout("DB-6", "5.00").await;
