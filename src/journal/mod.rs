@@ -103,22 +103,18 @@ impl Journal {
             .await?))
     }
 
-    /// Deletes an operation's journal to start afresh; false when the lease is not ours.
+    /// Deletes an operation's journal to start afresh; false when nothing was deleted
+    /// (the lease is no longer ours, or there was nothing to delete).
     pub async fn discard(&self, key: &JournalKey) -> Result<bool, StoreError> {
         let mut conn = self.db.acquire().await?;
-        if let Some(fence) = key.fence {
-            let held: Option<i64> = on_conn!(conn.conn(), c => sqlx::query_scalar(HOLDS)
-                .bind(&key.scope)
-                .bind(&key.operation_key)
-                .bind(fence)
-                .fetch_optional(c)
-                .await?);
-            if held.is_none() {
-                return Ok(false);
-            }
-        }
-        forget(conn.conn(), &key.scope, &key.operation_key).await?;
-        Ok(true)
+        let deleted = on_conn!(conn.conn(), c => sqlx::query(DISCARD)
+            .bind(&key.scope)
+            .bind(&key.operation_key)
+            .bind(key.fence)
+            .execute(c)
+            .await?
+            .rows_affected());
+        Ok(deleted > 0)
     }
 }
 
@@ -126,9 +122,10 @@ const LOAD: &str = "\
     SELECT step, kind, name, call_id, body, pins, input_tokens, output_tokens \
     FROM agent_journal WHERE scope = $1 AND operation_key = $2 ORDER BY step";
 
-const HOLDS: &str = "\
-    SELECT fence FROM idempotency_keys \
-    WHERE scope = $1 AND key = $2 AND fence = $3 AND status IS NULL";
+const DISCARD: &str = "\
+    DELETE FROM agent_journal WHERE scope = $1 AND operation_key = $2 \
+    AND (CAST($3 AS BIGINT) IS NULL OR EXISTS (SELECT 1 FROM idempotency_keys k \
+    WHERE k.scope = $1 AND k.key = $2 AND k.fence = $3 AND k.status IS NULL))";
 
 const FORGET: &str = "DELETE FROM agent_journal WHERE scope = $1 AND operation_key = $2";
 
