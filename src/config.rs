@@ -72,6 +72,8 @@ pub struct LoopSettings {
     pub max_rounds: u32,
     /// Times a model that ends without charging is asked again to charge.
     pub max_nudges: u32,
+    /// Journal every step, so that a retry resumes the loop instead of restarting it.
+    pub journal: bool,
 }
 
 #[derive(Clone, Debug)]
@@ -148,6 +150,7 @@ impl Default for Settings {
                 },
                 max_rounds: 10,
                 max_nudges: 2,
+                journal: true,
             },
             idempotency: IdempotencySettings {
                 ttl: Duration::from_secs(24 * 60 * 60),
@@ -213,6 +216,7 @@ pub const SETTINGS: &[(&str, &str, Setter)] = &[
     ("loop_backoff_max_ms", "CHECKOUT_LOOP_BACKOFF_MAX_MS", |s, v| put(&mut s.r#loop.retry.backoff_max, millis(v, 1))),
     ("max_rounds", "CHECKOUT_MAX_ROUNDS", |s, v| put(&mut s.r#loop.max_rounds, number(v, 1, 100))),
     ("max_nudges", "CHECKOUT_MAX_NUDGES", |s, v| put(&mut s.r#loop.max_nudges, number(v, 0, 10))),
+    ("journal", "CHECKOUT_JOURNAL", |s, v| put(&mut s.r#loop.journal, boolean(v))),
     ("idempotency_ttl_secs", "CHECKOUT_IDEMPOTENCY_TTL_SECS", |s, v| put(&mut s.idempotency.ttl, number(v, 1, 365 * 24 * 3600).map(Duration::from_secs))),
     ("idempotency_lease_ms", "CHECKOUT_IDEMPOTENCY_LEASE_MS", |s, v| put(&mut s.idempotency.lease, millis(v, 100))),
     ("scripted_faults", "CHECKOUT_SCRIPTED_FAULTS", |s, v| put(&mut s.scripted.faults, FaultRule::parse_plan(v))),

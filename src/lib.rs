@@ -8,6 +8,7 @@ pub mod config;
 pub mod db;
 pub mod http;
 pub mod idempotency;
+pub mod journal;
 pub mod metrics;
 pub mod model;
 pub mod payments;
@@ -21,10 +22,11 @@ use std::net::SocketAddr;
 use axum::Router;
 use tokio::net::TcpListener;
 
-use assistant::{AgentLoop, Assistant, LoopLimits, ToolBox};
+use assistant::{AgentLoop, Assistant, LoopLimits, Memory, ToolBox};
 use config::{Provider, Settings};
 use db::{Database, OpenError};
 use http::{AppState, ModelInfo};
+use journal::Journal;
 use metrics::Metrics;
 use model::scripted::{Script, ScriptedModel};
 use model::{ModelClient, ModelEndpoint};
@@ -91,9 +93,19 @@ impl App {
             max_nudges: settings.r#loop.max_nudges,
             max_tokens: assistant::MAX_TOKENS,
         };
+        let memory = Memory::new(
+            settings.r#loop.journal.then(|| Journal::new(&db)),
+            settings.idempotency.ttl,
+        );
         let tools = ToolBox::new(gateway.clone(), metrics.clone());
-        let agent = AgentLoop::new(client, tools, limits);
-        let assistant = Assistant::new(agent, &settings.r#loop.retry, &metrics, &endpoint.model);
+        let agent = AgentLoop::new(client, tools, memory, limits);
+        let assistant = Assistant::new(
+            agent,
+            &settings.r#loop.retry,
+            settings.r#loop.journal,
+            &metrics,
+            &endpoint.model,
+        );
         announce(&settings, &db, &info);
         let sweep_every = (settings.idempotency.ttl / 4).clamp(
             std::time::Duration::from_millis(100),
@@ -170,10 +182,16 @@ fn announce(settings: &Settings, db: &Database, model: &ModelInfo) {
         layer = 3,
         unit = "the whole assistant loop, tools included",
         max_retries = settings.r#loop.retry.max_retries,
-        "[3] loop retry: repeats the whole assistant loop up to {} more time(s), backoff {}..{} ms; on a loop timeout, a model failure the request retry could not mend, a transient database error; never on a model 4xx, invalid input, amount_conflict, model_did_not_charge",
+        journal = settings.r#loop.journal,
+        "[3] loop retry: repeats the whole assistant loop up to {} more time(s), backoff {}..{} ms; on a loop timeout, a model failure the request retry could not mend, a transient database error; never on a model 4xx, invalid input, amount_conflict, model_did_not_charge. {}",
         settings.r#loop.retry.max_retries,
         ms(settings.r#loop.retry.backoff_min),
-        ms(settings.r#loop.retry.backoff_max)
+        ms(settings.r#loop.retry.backoff_max),
+        if settings.r#loop.journal {
+            "Journal on: a repeat (and a client's retry with the same Idempotency-Key, or another instance's) resumes from the journal, replaying the steps that ended instead of asking the model again"
+        } else {
+            "Journal off (CHECKOUT_JOURNAL=false): every repeat starts the loop over"
+        }
     );
     tracing::info!(
         layer = 4,
@@ -203,7 +221,7 @@ fn announce(settings: &Settings, db: &Database, model: &ModelInfo) {
         "[6] request timeout: {} ms per model request",
         ms(settings.request.timeout)
     );
-    if settings.r#loop.retry.max_retries > 0 {
+    if settings.r#loop.retry.max_retries > 0 && !settings.r#loop.journal {
         tracing::warn!(
             "the loop retry re-runs tools that already ran, the charge included; it cannot double-charge here because every attempt charges with the charge key the handler made from the order id before the first attempt, and the receipts table's unique order_id hands a repeated charge the first receipt"
         );

@@ -63,7 +63,7 @@ const TIMEOUTS: Def = Def {
 };
 const LOOP_ROUNDS: Def = Def {
     name: "checkout_loop_rounds",
-    help: "Model rounds (chat-completions requests, retries not counted) per run of the assistant loop.",
+    help: "Rounds per run of the assistant loop: a round is one chat-completions request (its retries not counted) or one model answer replayed from the journal.",
     buckets: Some(&[1.0, 2.0, 3.0, 4.0, 5.0, 6.0, 8.0, 10.0, 15.0, 20.0]),
 };
 const IDEMPOTENCY_KEYS: Def = Def {

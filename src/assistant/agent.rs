@@ -1,5 +1,6 @@
 //! The assistant loop: ask the model, run the tools it calls, send the results back,
-//! round after round until it answers in text.
+//! round after round until it answers in text. Every step is journaled as it ends, and
+//! every attempt first replays what the journal has: a retry resumes, it does not restart.
 
 use std::future::Future;
 use std::pin::Pin;
@@ -9,8 +10,9 @@ use std::task::{Context, Poll};
 use tower::{BoxError, Service};
 use tracing::Instrument;
 
-use super::context::{CheckoutContext, LoopRequest};
+use super::context::{CheckoutContext, LoopRequest, Usage};
 use super::error::{CheckoutError, FailureKind};
+use super::memory::{self, Memory};
 use super::prompts;
 use super::tools::ToolBox;
 use crate::model::ModelClient;
@@ -27,6 +29,8 @@ pub struct CheckoutOutcome {
     pub message: String,
     /// Loop attempts it took.
     pub attempts: u32,
+    /// Model requests and tokens it took, and the steps replayed from the journal.
+    pub usage: Usage,
 }
 
 /// One run of the loop is one `call`: a tower service, so the loop retry and the loop
@@ -37,6 +41,7 @@ pub struct AgentLoop(Arc<Inner>);
 struct Inner {
     model: ModelClient,
     tools: ToolBox,
+    memory: Memory,
     limits: LoopLimits,
 }
 
@@ -52,10 +57,11 @@ pub struct LoopLimits {
 }
 
 impl AgentLoop {
-    pub fn new(model: ModelClient, tools: ToolBox, limits: LoopLimits) -> Self {
+    pub fn new(model: ModelClient, tools: ToolBox, memory: Memory, limits: LoopLimits) -> Self {
         AgentLoop(Arc::new(Inner {
             model,
             tools,
+            memory,
             limits,
         }))
     }
@@ -98,17 +104,37 @@ impl Inner {
             tools: ToolBox::specs().into(),
             max_tokens: Some(limits.max_tokens),
         };
+        let pins = memory::pins(ctx, &chat);
+        let mut replay = self.memory.recall(ctx, &pins, attempt).await?;
         let mut receipt: Option<Receipt> = None;
         let mut nudges = 0;
+        let mut step = 0;
         let mut rounds = self.model.metrics().loop_rounds();
         for round in 1..=limits.max_rounds {
             rounds.reached(round);
-            // The model call and the tools are boxed: each lives only while it runs, so a
-            // loop waiting on the model holds a small future, not the largest of both
-            // (thousands of loops wait at once).
-            let reply = Box::pin(self.model.complete(&chat, round))
-                .await
-                .map_err(FailureKind::Model)?;
+            step += 1;
+            let reply = match replay.answer(step)? {
+                Some(reply) => {
+                    ctx.replayed();
+                    reply
+                }
+                None => {
+                    // The model call and the tools are boxed: each lives only while it
+                    // runs, so a loop waiting on the model holds a small future, not the
+                    // largest of both (thousands of loops wait at once).
+                    let completion =
+                        Box::pin(self.model.complete(&chat, round, ctx.request_counter()))
+                            .await
+                            .map_err(FailureKind::Model)?;
+                    ctx.used(&completion);
+                    let entry =
+                        self.memory
+                            .answer(ctx, step, &completion.message, completion.usage, &pins);
+                    // Committed before any tool it asks for runs.
+                    self.memory.remember(entry).await?;
+                    completion.message
+                }
+            };
             let calls = reply.tool_calls.unwrap_or_default();
             if calls.is_empty() {
                 let Some(receipt) = receipt else {
@@ -142,6 +168,7 @@ impl Inner {
                     receipt,
                     message,
                     attempts: attempt,
+                    usage: ctx.usage(),
                 });
             }
             chat.messages.push(Message::Assistant {
@@ -149,7 +176,22 @@ impl Inner {
                 tool_calls: calls.clone(),
             });
             for call in calls {
-                let output = Box::pin(self.tools.dispatch(ctx, &call)).await?;
+                step += 1;
+                let output = match replay.tool(step, &call)? {
+                    Some(content) => {
+                        ctx.replayed();
+                        self.tools.replayed(ctx, step, &call, content).await?
+                    }
+                    None => {
+                        let journal = |content| self.memory.tool(ctx, step, &call, content);
+                        let output = Box::pin(self.tools.dispatch(ctx, &call, journal)).await?;
+                        if !output.journaled {
+                            let entry = self.memory.tool(ctx, step, &call, output.content.clone());
+                            self.memory.remember(entry).await?;
+                        }
+                        output
+                    }
+                };
                 if output.receipt.is_some() {
                     receipt = output.receipt;
                 }

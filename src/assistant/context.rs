@@ -1,6 +1,9 @@
 use std::fmt;
+use std::sync::atomic::{AtomicU32, Ordering};
 use std::sync::{Arc, Mutex};
 
+use crate::journal::JournalKey;
+use crate::model::Completion;
 use crate::payments::{ChargeKey, OperationKey, Order, OrderId, PaymentGateway, Receipt};
 
 /// Everything one checkout carries through every retried unit: the order the client
@@ -16,8 +19,27 @@ struct Inner {
     order: Order,
     charge_key: ChargeKey,
     operation_key: OperationKey,
+    /// Where the loop's steps are journaled, with the lease that lets it append.
+    journal: JournalKey,
     /// What the attempts learned about the charge: what an error answer reports.
     charge: Mutex<ChargeState>,
+    /// Chat-completions requests sent, retries included, counted as they are sent (a
+    /// request cut off by a timeout counts).
+    requests: Arc<AtomicU32>,
+    /// Tokens used and steps replayed.
+    usage: Mutex<Usage>,
+}
+
+/// What a checkout cost in model requests and tokens, and what its journal saved.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Usage {
+    /// Chat-completions requests sent, retries included.
+    pub model_requests: u32,
+    /// Steps (model answers and tool results) taken from the journal instead of run.
+    pub replayed_steps: u32,
+    /// Tokens of the answers received, as the provider reported them.
+    pub input_tokens: u64,
+    pub output_tokens: u64,
 }
 
 #[derive(Debug, Default)]
@@ -29,14 +51,53 @@ struct ChargeState {
 }
 
 impl CheckoutContext {
-    /// Made by the HTTP handler, from the validated order, before the loop starts.
-    pub fn new(order: Order, operation_key: OperationKey) -> Self {
+    /// Made by the HTTP handler, from the validated order, before the loop starts. The
+    /// operation is the caller's (`scope`); `fence` is its Idempotency-Key lease, if it
+    /// has one.
+    pub fn new(order: Order, operation_key: OperationKey, scope: &str, fence: Option<i64>) -> Self {
         CheckoutContext(Arc::new(Inner {
             charge_key: order.charge_key(),
+            journal: JournalKey {
+                scope: scope.to_owned(),
+                operation_key: operation_key.as_str().to_owned(),
+                fence,
+            },
             order,
             operation_key,
             charge: Mutex::new(ChargeState::default()),
+            requests: Arc::default(),
+            usage: Mutex::new(Usage::default()),
         }))
+    }
+
+    pub fn journal_key(&self) -> &JournalKey {
+        &self.0.journal
+    }
+
+    pub fn usage(&self) -> Usage {
+        Usage {
+            model_requests: self.0.requests.load(Ordering::Relaxed),
+            ..*self.0.usage.lock().expect("never poisoned")
+        }
+    }
+
+    /// The counter the model client adds each request it sends to.
+    pub(crate) fn request_counter(&self) -> Arc<AtomicU32> {
+        self.0.requests.clone()
+    }
+
+    /// Counts an answer's tokens.
+    pub(crate) fn used(&self, completion: &Completion) {
+        if let Some(tokens) = completion.usage {
+            let mut usage = self.0.usage.lock().expect("never poisoned");
+            usage.input_tokens += tokens.prompt_tokens;
+            usage.output_tokens += tokens.completion_tokens;
+        }
+    }
+
+    /// Counts a step taken from the journal.
+    pub(crate) fn replayed(&self) {
+        self.0.usage.lock().expect("never poisoned").replayed_steps += 1;
     }
 
     pub fn order(&self) -> &Order {

@@ -2,11 +2,18 @@ use std::time::Duration;
 
 use tower::BoxError;
 
-use super::tools::ToolFailure;
 use crate::db::StoreError;
 use crate::model::{ModelError, ModelErrorKind};
 use crate::payments::{ChargeError, Receipt};
 use crate::retry::{Retried, Stop, Unit};
+
+/// A tool call that cannot go on: the loop stops with this, the model is not asked again.
+/// A tool adds its own error here, whole.
+#[derive(Debug, thiserror::Error)]
+pub enum ToolFailure {
+    #[error(transparent)]
+    Charge(#[from] ChargeError),
+}
 
 /// A checkout that did not end in a confirmed charge, after the loop retry had its say.
 pub type CheckoutError = Retried<FailureKind>;
@@ -23,8 +30,24 @@ pub enum FailureKind {
     TooManyRounds(u32),
     #[error(transparent)]
     Tool(#[from] ToolFailure),
+    #[error(transparent)]
+    Journal(#[from] JournalFailure),
     #[error("the assistant loop did not finish within {} ms", .0.as_millis())]
     Timeout(Duration),
+}
+
+/// The journal could not be read or written, or does not fit the replay.
+#[derive(Debug, thiserror::Error)]
+pub enum JournalFailure {
+    #[error("the journal did not answer: {0}")]
+    Store(#[from] StoreError),
+    /// This run's lease on the operation lapsed and another instance took it over: it
+    /// resumes the operation from the journal; this run stops.
+    #[error("another instance took this operation over after its lease lapsed; this run stopped")]
+    LeaseLost,
+    /// Never replayed silently: the journal names another step than the replay reached.
+    #[error("the operation's journal does not match its replay at step {step}: {detail}")]
+    Mismatch { step: i64, detail: String },
 }
 
 impl Unit for FailureKind {
@@ -53,7 +76,9 @@ impl FailureKind {
                 // of the loop is a fresh conversation, which may well go right.
                 _ => matches!(err.kind, ModelErrorKind::Malformed(_)),
             },
-            FailureKind::Tool(_) => self.store_error().is_some_and(StoreError::is_transient),
+            FailureKind::Tool(_) | FailureKind::Journal(_) => {
+                self.store_error().is_some_and(StoreError::is_transient)
+            }
             FailureKind::ModelDidNotCharge | FailureKind::TooManyRounds(_) => false,
         }
     }
@@ -64,6 +89,7 @@ impl FailureKind {
             FailureKind::Timeout(_) => "timeout",
             FailureKind::Model(_) => "model",
             FailureKind::Tool(_) => "database",
+            FailureKind::Journal(_) => "journal",
             FailureKind::ModelDidNotCharge => "model_did_not_charge",
             FailureKind::TooManyRounds(_) => "too_many_rounds",
         }
@@ -81,10 +107,11 @@ impl FailureKind {
         }
     }
 
-    /// The database error a tool ran into.
+    /// The database error a tool or the journal ran into.
     pub fn store_error(&self) -> Option<&StoreError> {
         match self {
-            FailureKind::Tool(ToolFailure::Charge(ChargeError::Store(err))) => Some(err),
+            FailureKind::Tool(ToolFailure::Charge(ChargeError::Store(err)))
+            | FailureKind::Journal(JournalFailure::Store(err)) => Some(err),
             _ => None,
         }
     }

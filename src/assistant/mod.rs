@@ -4,6 +4,7 @@ pub mod agent;
 pub mod arguments;
 pub mod context;
 pub mod error;
+pub mod memory;
 pub mod prompts;
 pub mod retry;
 pub mod tools;
@@ -16,13 +17,14 @@ use crate::metrics::Metrics;
 use crate::telemetry::genai;
 
 pub use agent::{AgentLoop, CheckoutOutcome, LoopLimits};
-pub use context::{ChargeReport, ChargeStatus};
+pub use context::{ChargeReport, ChargeStatus, Usage};
 
 /// The longest model answer asked for: a tool call or a sentence needs under a hundred
 /// tokens; a small model pushed to call a tool has rambled for thousands.
 pub const MAX_TOKENS: u32 = 512;
 pub use context::{CheckoutContext, LoopRequest};
-pub use error::{CheckoutError, FailureKind};
+pub use error::{CheckoutError, FailureKind, JournalFailure};
+pub use memory::Memory;
 pub use retry::{LoopRetry, LoopRetrySettings};
 pub use tools::ToolBox;
 
@@ -34,16 +36,18 @@ pub struct Assistant {
 }
 
 impl Assistant {
+    /// `resumes`: the loop journals its steps, so a retry resumes it (said in the log).
     /// `model` names the model in the `invoke_agent` span.
     pub fn new(
         agent: AgentLoop,
         settings: &LoopRetrySettings,
+        resumes: bool,
         metrics: &Metrics,
         model: &str,
     ) -> Self {
         let model = model.into();
         let stack = ServiceBuilder::new()
-            .retry(LoopRetry::new(settings, metrics))
+            .retry(LoopRetry::new(settings, resumes, metrics))
             .timeout(settings.timeout)
             .service(agent);
         Assistant {

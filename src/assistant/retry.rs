@@ -28,15 +28,18 @@ pub struct LoopRetrySettings {
 #[derive(Clone)]
 pub struct LoopRetry {
     max_retries: u32,
+    /// The loop journals its steps: a retry resumes it rather than starting it over.
+    resumes: bool,
     timeout: Duration,
     backoff: ExponentialBackoff<HasherRng>,
     metrics: Metrics,
 }
 
 impl LoopRetry {
-    pub fn new(settings: &LoopRetrySettings, metrics: &Metrics) -> Self {
+    pub fn new(settings: &LoopRetrySettings, resumes: bool, metrics: &Metrics) -> Self {
         LoopRetry {
             max_retries: settings.max_retries,
+            resumes,
             timeout: settings.timeout,
             backoff: jittered_backoff(settings.backoff_min, settings.backoff_max),
             metrics: metrics.clone(),
@@ -71,13 +74,23 @@ impl Policy<LoopRequest, CheckoutOutcome, BoxError> for LoopRetry {
         }
         request.attempt += 1;
         self.metrics.retry(RetryLayer::Loop, failure.kind.reason());
-        tracing::warn!(
-            order = %request.ctx.order().id(),
-            attempt = request.attempt,
-            of = self.max_retries + 1,
-            error = %failure.kind,
-            "loop retry: running the whole assistant loop again; its charge is keyed by the order id, so a charge made by an earlier attempt is found, not repeated"
-        );
+        if self.resumes {
+            tracing::warn!(
+                order = %request.ctx.order().id(),
+                attempt = request.attempt,
+                of = self.max_retries + 1,
+                error = %failure.kind,
+                "loop retry: resuming the assistant loop from its journal; the steps that ended are replayed, not asked or run again"
+            );
+        } else {
+            tracing::warn!(
+                order = %request.ctx.order().id(),
+                attempt = request.attempt,
+                of = self.max_retries + 1,
+                error = %failure.kind,
+                "loop retry: running the whole assistant loop again; its charge is keyed by the order id, so a charge made by an earlier attempt is found, not repeated"
+            );
+        }
         Some(self.backoff.next_backoff())
     }
 

@@ -10,20 +10,14 @@ use tracing::Instrument;
 
 use super::arguments::{ChargeArguments, Refusal};
 use super::context::CheckoutContext;
+use super::error::{FailureKind, JournalFailure, ToolFailure};
+use crate::journal::NewEntry;
 use crate::metrics::Metrics;
 use crate::model::wire::{FunctionSpec, ToolCall, ToolSpec};
-use crate::payments::{ChargeError, Order, PaymentGateway, Receipt};
+use crate::payments::{Order, PaymentGateway, Receipt};
 use crate::telemetry::genai;
 
 pub const CHARGE: &str = "charge";
-
-/// A tool call that cannot go on: the loop stops with this, the model is not asked again.
-/// A tool adds its own error here, whole.
-#[derive(Debug, thiserror::Error)]
-pub enum ToolFailure {
-    #[error(transparent)]
-    Charge(#[from] ChargeError),
-}
 
 /// What a tool call produced.
 pub struct ToolOutput {
@@ -31,6 +25,9 @@ pub struct ToolOutput {
     pub content: String,
     /// The receipt, when this call charged or found the order's charge.
     pub receipt: Option<Receipt>,
+    /// The result's journal entry committed with the effect (a charge that made its
+    /// receipt); otherwise the loop journals the result itself.
+    pub journaled: bool,
 }
 
 #[derive(Clone, Debug)]
@@ -69,17 +66,24 @@ impl ToolBox {
 
     /// Runs one tool call, in its `execute_tool {name}` span. A mistake of the model's
     /// (unknown tool, bad arguments, another order or amount) comes back as an error result
-    /// for the model, and nothing is charged.
+    /// for the model, and nothing is charged. `journal` makes the journal entry of a
+    /// result, for an effect to commit it with its own row.
     pub async fn dispatch(
         &self,
         ctx: &CheckoutContext,
         call: &ToolCall,
+        journal: impl FnOnce(String) -> Option<NewEntry>,
     ) -> Result<ToolOutput, ToolFailure> {
         let span = genai::execute_tool(&call.function.name, &call.id);
-        self.run(ctx, call).instrument(span).await
+        self.run(ctx, call, journal).instrument(span).await
     }
 
-    async fn run(&self, ctx: &CheckoutContext, call: &ToolCall) -> Result<ToolOutput, ToolFailure> {
+    async fn run(
+        &self,
+        ctx: &CheckoutContext,
+        call: &ToolCall,
+        journal: impl FnOnce(String) -> Option<NewEntry>,
+    ) -> Result<ToolOutput, ToolFailure> {
         if call.function.name != CHARGE {
             return Ok(refused(format!(
                 "there is no tool {:?}; the only tool is {CHARGE:?}",
@@ -93,9 +97,19 @@ impl ToolBox {
             return Ok(refused_charge(&refusal, order));
         }
         let doubt_before = ctx.charge_sending();
+        let mut journaled = false;
         let charged = self
             .gateway
-            .charge(ctx.charge_key(), order.amount(), ctx.operation_key())
+            .charge_journaled(
+                ctx.charge_key(),
+                order.amount(),
+                ctx.operation_key(),
+                |made| {
+                    let entry = journal(charge_result(made, false));
+                    journaled = entry.is_some();
+                    entry
+                },
+            )
             .await
             .inspect_err(|err| {
                 if err.charged_nothing() {
@@ -110,20 +124,68 @@ impl ToolBox {
             tracing::info!(order = %receipt.order_id, receipt = %receipt.id, "charge tool: the order was already charged; returning its receipt, charging nothing");
         }
         ctx.record_charge(&receipt);
-        let content = json!({
-            "status": "charged",
-            "orderId": receipt.order_id.as_str(),
-            "amount": receipt.amount.decimal(),
-            "currency": receipt.amount.currency().code(),
-            "receiptId": receipt.id.to_string(),
-            "alreadyCharged": !charged.created,
+        Ok(ToolOutput {
+            content: charge_result(&receipt, !charged.created),
+            receipt: Some(receipt),
+            journaled: journaled && charged.created,
         })
-        .to_string();
+    }
+
+    /// A journaled result of `call`, as the model saw it then. A charge's receipt is read
+    /// back (the journal keeps the result, the receipts table the charge): a result that
+    /// names a receipt the order does not have is a mismatch, never replayed.
+    pub async fn replayed(
+        &self,
+        ctx: &CheckoutContext,
+        step: i64,
+        call: &ToolCall,
+        content: String,
+    ) -> Result<ToolOutput, FailureKind> {
+        let charged: Option<String> = (call.function.name == CHARGE)
+            .then(|| serde_json::from_str::<serde_json::Value>(&content).ok())
+            .flatten()
+            .filter(|result| result["status"] == "charged")
+            .map(|result| result["receiptId"].as_str().unwrap_or_default().to_owned());
+        let Some(receipt_id) = charged else {
+            return Ok(ToolOutput {
+                content,
+                receipt: None,
+                journaled: true,
+            });
+        };
+        let receipt = self
+            .gateway
+            .receipt(ctx.order().id())
+            .await
+            .map_err(|err| FailureKind::Journal(JournalFailure::Store(err)))?
+            .filter(|receipt| receipt.id.to_string() == receipt_id)
+            .ok_or_else(|| JournalFailure::Mismatch {
+                step,
+                detail: format!(
+                    "the journaled charge names receipt {receipt_id}, which order {} does not have",
+                    ctx.order().id()
+                ),
+            })?;
+        ctx.record_charge(&receipt);
         Ok(ToolOutput {
             content,
             receipt: Some(receipt),
+            journaled: true,
         })
     }
+}
+
+/// What the model is told of a charge.
+fn charge_result(receipt: &Receipt, already_charged: bool) -> String {
+    json!({
+        "status": "charged",
+        "orderId": receipt.order_id.as_str(),
+        "amount": receipt.amount.decimal(),
+        "currency": receipt.amount.currency().code(),
+        "receiptId": receipt.id.to_string(),
+        "alreadyCharged": already_charged,
+    })
+    .to_string()
 }
 
 /// A refused charge call: what was wrong, and the call that would be accepted (the
@@ -139,6 +201,7 @@ fn refused_charge(refusal: &Refusal, order: &Order) -> ToolOutput {
     ToolOutput {
         content: content.to_string(),
         receipt: None,
+        journaled: false,
     }
 }
 
@@ -152,6 +215,7 @@ fn refused(reason: String) -> ToolOutput {
     ToolOutput {
         content: json!({"status": "error", "error": reason}).to_string(),
         receipt: None,
+        journaled: false,
     }
 }
 

@@ -8,6 +8,7 @@
 
 mod conn;
 mod error;
+mod group;
 
 use std::fs::{File, OpenOptions, TryLockError};
 use std::io::Write;
@@ -24,6 +25,7 @@ use sqlx::sqlite::{
 
 pub use conn::{Conn, Pooled};
 pub use error::StoreError;
+pub use group::{GroupWrite, GroupWriter};
 
 /// Runs `$body` with `$c` bound to the driver's connection, whichever it is: one text of
 /// Rust and SQL for both databases, type-checked against each.

@@ -12,15 +12,18 @@ use utoipa::openapi::schema::{ObjectBuilder, OneOfBuilder, Schema, SchemaType, T
 use utoipa::openapi::{RefOr, Response as DocResponse};
 use utoipa::{IntoParams, IntoResponses, PartialSchema, ToSchema};
 
+use super::answer::Answer;
 use super::error::{Code, Problem, documented};
 use super::extract::{JsonBody, Params};
 use super::idempotent::{self, IdempotencyKey};
-use super::{Answer, AppState, ReceiptView};
+use super::receipts::ReceiptView;
+use super::state::AppState;
 use crate::assistant::{
-    ChargeStatus, CheckoutContext, CheckoutError, CheckoutOutcome, FailureKind,
+    ChargeStatus, CheckoutContext, CheckoutError, CheckoutOutcome, FailureKind, JournalFailure,
+    Usage,
 };
 use crate::caller::Caller;
-use crate::idempotency::Fingerprint;
+use crate::idempotency::{Fingerprint, Lease};
 use crate::payments::money::json_decimal;
 use crate::payments::{Currency, Money, OperationKey, Order, OrderId};
 
@@ -159,6 +162,38 @@ pub struct CheckoutResponse {
     pub attempts: u32,
     /// The `Idempotency-Key` sent, or the UUIDv7 minted for this operation.
     pub operation_key: String,
+    pub usage: UsageView,
+}
+
+/// What the checkout cost the model provider, and what resuming from the journal saved.
+#[derive(Serialize, ToSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct UsageView {
+    /// Chat-completions requests this operation sent (retries included; none for steps
+    /// replayed from the journal).
+    #[schema(example = 2)]
+    pub model_requests: u32,
+    /// Model answers and tool results taken from the journal instead of run again (a
+    /// retry that resumed).
+    #[schema(example = 0)]
+    pub replayed_steps: u32,
+    /// Input (prompt) tokens of the answers received, as the provider reported them.
+    #[schema(example = 412)]
+    pub input_tokens: u64,
+    /// Output (completion) tokens, as the provider reported them.
+    #[schema(example = 57)]
+    pub output_tokens: u64,
+}
+
+impl From<Usage> for UsageView {
+    fn from(usage: Usage) -> Self {
+        UsageView {
+            model_requests: usage.model_requests,
+            replayed_steps: usage.replayed_steps,
+            input_tokens: usage.input_tokens,
+            output_tokens: usage.output_tokens,
+        }
+    }
 }
 
 /// The error answers of `POST /checkout`, each status with an example of each code.
@@ -254,6 +289,13 @@ impl IntoResponses for CheckoutErrors {
                 "`deadline_exceeded`: the checkout timed out after retries",
                 vec![deadline],
             ),
+            (
+                "`journal_mismatch`: the operation's journal does not match its replay (never replayed silently); nothing further was run",
+                vec![Problem::new(
+                    Code::JournalMismatch,
+                    "the operation's journal does not match its replay at step 2: the journal has the result of tool \"refund\" (call call_1_1), the replayed answer calls \"charge\" (call call_1_1)",
+                )],
+            ),
         ])
     }
 }
@@ -302,8 +344,11 @@ pub async fn checkout(
             let scope = caller.map(|Extension(c)| c.0).unwrap_or_default();
             let fingerprint = Fingerprint::of_checkout(&order);
             let work = {
-                let (app, key) = (app.clone(), key.clone());
-                async move { run(&app, order, key, format).await }
+                let (app, key, scope) = (app.clone(), key.clone(), scope.clone());
+                move |lease: &Lease| {
+                    let fence = Some(lease.fence);
+                    async move { run(&app, order, key, &scope, fence, format).await }
+                }
             };
             // Boxed, like the failure path: a handler future is as large as its largest
             // branch, and thousands of checkouts wait at once.
@@ -311,9 +356,11 @@ pub async fn checkout(
         }
         None => {
             let operation_key = OperationKey::mint();
-            idempotent::detached(async move { run(&app, order, operation_key, format).await })
-                .await
-                .into_response()
+            idempotent::detached(
+                async move { run(&app, order, operation_key, "", None, format).await },
+            )
+            .await
+            .into_response()
         }
     }
 }
@@ -369,14 +416,17 @@ fn one_of(
     }
 }
 
-/// Runs one checkout to its answer. Everything retried happens inside `assistant`.
+/// Runs one checkout to its answer. Everything retried happens inside `assistant`. The
+/// operation is the caller's (`scope`), under its Idempotency-Key lease's `fence` if any.
 pub(crate) async fn run(
     app: &AppState,
     order: Order,
     operation_key: OperationKey,
+    scope: &str,
+    fence: Option<i64>,
     format: Format,
 ) -> Answer {
-    let ctx = CheckoutContext::new(order, operation_key);
+    let ctx = CheckoutContext::new(order, operation_key, scope, fence);
     match app.assistant().checkout(ctx.clone()).await {
         Ok(outcome) => {
             app.metrics().checkout("ok");
@@ -391,11 +441,16 @@ pub(crate) async fn run(
 }
 
 fn success(ctx: &CheckoutContext, outcome: CheckoutOutcome, format: Format) -> Answer {
+    let usage = outcome.usage;
     tracing::info!(
         order = %ctx.order().id(),
         receipt = %outcome.receipt.id,
         charged = outcome.charged,
         attempts = outcome.attempts,
+        model_requests = usage.model_requests,
+        replayed_steps = usage.replayed_steps,
+        input_tokens = usage.input_tokens,
+        output_tokens = usage.output_tokens,
         "checkout confirmed"
     );
     match format {
@@ -411,6 +466,7 @@ fn success(ctx: &CheckoutContext, outcome: CheckoutOutcome, format: Format) -> A
                 charged: outcome.charged,
                 attempts: outcome.attempts,
                 operation_key: ctx.operation_key().to_string(),
+                usage: UsageView::from(usage),
             };
             Answer::json(StatusCode::OK, &body)
         }
@@ -419,7 +475,17 @@ fn success(ctx: &CheckoutContext, outcome: CheckoutOutcome, format: Format) -> A
 
 /// The error answer, saying which layer gave up and whether the order is charged.
 async fn failure(app: &AppState, ctx: &CheckoutContext, err: CheckoutError) -> Problem {
-    tracing::warn!(order = %ctx.order().id(), error = %err, cause = ?std::error::Error::source(&err), "checkout failed");
+    let usage = ctx.usage();
+    tracing::warn!(
+        order = %ctx.order().id(),
+        error = %err,
+        cause = ?std::error::Error::source(&err),
+        model_requests = usage.model_requests,
+        replayed_steps = usage.replayed_steps,
+        input_tokens = usage.input_tokens,
+        output_tokens = usage.output_tokens,
+        "checkout failed"
+    );
     if let Some(existing) = err.kind.amount_conflict() {
         let mut problem = Problem::new(
             Code::AmountConflict,
@@ -438,7 +504,9 @@ async fn failure(app: &AppState, ctx: &CheckoutContext, err: CheckoutError) -> P
         FailureKind::Model(_) | FailureKind::TooManyRounds(_) => Code::ModelError,
         FailureKind::ModelDidNotCharge => Code::ModelDidNotCharge,
         // An amount conflict was answered above: what is left is the database.
-        FailureKind::Tool(_) => Code::Unavailable,
+        FailureKind::Tool(_) | FailureKind::Journal(JournalFailure::Store(_)) => Code::Unavailable,
+        FailureKind::Journal(JournalFailure::LeaseLost) => Code::InFlight,
+        FailureKind::Journal(JournalFailure::Mismatch { .. }) => Code::JournalMismatch,
     };
     let report = ctx.charge_report(app.gateway()).await;
     let mut problem = Problem::new(code, format!("{err}; {report}"));

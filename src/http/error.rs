@@ -10,7 +10,7 @@ use utoipa::ToSchema;
 use utoipa::openapi::example::ExampleBuilder;
 use utoipa::openapi::{ContentBuilder, Ref, RefOr, ResponseBuilder};
 
-use super::Answer;
+use super::answer::Answer;
 
 pub const PROBLEM_JSON: &str = "application/problem+json";
 
@@ -26,6 +26,7 @@ pub enum Code {
     ModelDidNotCharge,
     Unavailable,
     DeadlineExceeded,
+    JournalMismatch,
     NotFound,
     MethodNotAllowed,
 }
@@ -41,6 +42,7 @@ impl Code {
             Code::ModelDidNotCharge => "model_did_not_charge",
             Code::Unavailable => "unavailable",
             Code::DeadlineExceeded => "deadline_exceeded",
+            Code::JournalMismatch => "journal_mismatch",
             Code::NotFound => "not_found",
             Code::MethodNotAllowed => "method_not_allowed",
         }
@@ -62,6 +64,7 @@ impl Code {
             Code::ModelError | Code::ModelDidNotCharge => StatusCode::BAD_GATEWAY,
             Code::Unavailable => StatusCode::SERVICE_UNAVAILABLE,
             Code::DeadlineExceeded => StatusCode::GATEWAY_TIMEOUT,
+            Code::JournalMismatch => StatusCode::INTERNAL_SERVER_ERROR,
             Code::NotFound => StatusCode::NOT_FOUND,
             Code::MethodNotAllowed => StatusCode::METHOD_NOT_ALLOWED,
         }
@@ -77,6 +80,7 @@ impl Code {
             Code::ModelDidNotCharge => "The model finished without charging",
             Code::Unavailable => "The service cannot reach its database",
             Code::DeadlineExceeded => "The checkout did not finish in time",
+            Code::JournalMismatch => "The operation's journal does not match its replay",
             Code::NotFound => "Not found",
             Code::MethodNotAllowed => "Method not allowed",
         }

@@ -6,7 +6,7 @@ use axum::response::{IntoResponse, Response};
 use serde::Serialize;
 use utoipa::ToSchema;
 
-use super::AppState;
+use super::state::{AppState, ModelInfo};
 use std::collections::BTreeMap;
 
 use utoipa::IntoResponses;
@@ -28,21 +28,6 @@ pub struct Ready {
     #[schema(example = "sqlite")]
     database: &'static str,
     model: ModelInfo,
-}
-
-/// Which model provider the service talks to.
-#[derive(Clone, Debug, Serialize, ToSchema)]
-#[serde(rename_all = "camelCase")]
-pub struct ModelInfo {
-    /// `scripted` (the built-in scripted model: no real provider is configured) or
-    /// `openai-compatible`.
-    #[schema(example = "scripted")]
-    pub provider: &'static str,
-    pub base_url: String,
-    pub model: String,
-    /// Said plainly when the scripted model is in use.
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub warning: Option<&'static str>,
 }
 
 #[utoipa::path(

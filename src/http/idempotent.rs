@@ -13,8 +13,9 @@ use utoipa::IntoParams;
 use utoipa::openapi::path::{Parameter, ParameterBuilder, ParameterIn};
 use utoipa::openapi::{ObjectBuilder, Required, Type};
 
+use super::answer::Answer;
 use super::error::{Code, Problem};
-use super::{Answer, AppState};
+use super::state::AppState;
 use crate::idempotency::{self, Begin, Fingerprint, Lease, Saved};
 use crate::metrics::KeyOutcome;
 use crate::payments::OperationKey;
@@ -106,13 +107,17 @@ impl IntoParams for IdempotencyKey {
 
 /// Runs `work` once for `key`: the first request with the key runs it and saves a final
 /// answer; a repeat with the same `fingerprint` gets that answer back, byte for byte.
-pub async fn once(
+/// The work is given the lease it runs under (its fence names it to the journal).
+pub async fn once<F>(
     app: &AppState,
     scope: &str,
     key: &OperationKey,
     fingerprint: &Fingerprint,
-    work: impl Future<Output = Answer> + Send + 'static,
-) -> Response {
+    work: impl FnOnce(&Lease) -> F,
+) -> Response
+where
+    F: Future<Output = Answer> + Send + 'static,
+{
     let settings = app.settings();
     let begun = idempotency::begin(
         app.records(),
@@ -134,9 +139,12 @@ pub async fn once(
         app.metrics().idempotency_key(outcome);
     }
     match begun {
-        Ok(Begin::Owner(lease)) => detached(owned(app.clone(), lease, work))
-            .await
-            .into_response(),
+        Ok(Begin::Owner(lease)) => {
+            let work = work(&lease);
+            detached(owned(app.clone(), lease, work))
+                .await
+                .into_response()
+        }
         Ok(Begin::Replay(saved)) => replay(saved),
         Ok(Begin::Mismatch) => Problem::new(
             Code::KeyReuse,

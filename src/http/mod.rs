@@ -1,5 +1,6 @@
 //! The HTTP API: router, one file per resource, errors, the OpenAPI document.
 
+pub mod answer;
 pub mod checkout;
 pub mod error;
 pub mod extract;
@@ -7,170 +8,27 @@ pub mod health;
 pub mod idempotent;
 pub mod metrics;
 pub mod receipts;
+pub mod state;
 
-use std::sync::Arc;
 use std::time::Duration;
 
 use axum::Router;
-use axum::body::{Body, Bytes};
 use axum::extract::{DefaultBodyLimit, MatchedPath, Request};
-use axum::http::{HeaderValue, StatusCode, header};
+use axum::http::{StatusCode, header};
 use axum::response::{IntoResponse, Response};
-use serde::Serialize;
 use tower_http::request_id::{MakeRequestUuid, PropagateRequestIdLayer, SetRequestIdLayer};
 use tower_http::timeout::TimeoutLayer;
 use tower_http::trace::TraceLayer;
-use utoipa::{OpenApi, ToSchema};
+use utoipa::OpenApi;
 use utoipa_axum::router::OpenApiRouter;
 use utoipa_axum::routes;
 use utoipa_swagger_ui::SwaggerUi;
 
-use crate::assistant::Assistant;
-use crate::config::Settings;
-use crate::db::Database;
-use crate::idempotency::Records;
 use crate::metrics::{Metrics, TimedOut};
-use crate::payments::{PaymentGateway, Receipt};
+
+pub use answer::Answer;
 use error::{Code, Problem};
-pub use health::ModelInfo;
-
-/// What every handler shares.
-#[derive(Clone)]
-pub struct AppState(Arc<Shared>);
-
-struct Shared {
-    settings: Settings,
-    db: Database,
-    gateway: PaymentGateway,
-    records: Records,
-    assistant: Assistant,
-    model: ModelInfo,
-    metrics: Metrics,
-}
-
-impl AppState {
-    pub fn new(
-        settings: Settings,
-        db: Database,
-        gateway: PaymentGateway,
-        assistant: Assistant,
-        model: ModelInfo,
-        metrics: Metrics,
-    ) -> Self {
-        AppState(Arc::new(Shared {
-            records: Records::new(&db),
-            settings,
-            db,
-            gateway,
-            assistant,
-            model,
-            metrics,
-        }))
-    }
-
-    pub fn metrics(&self) -> &Metrics {
-        &self.0.metrics
-    }
-
-    pub fn settings(&self) -> &Settings {
-        &self.0.settings
-    }
-
-    pub fn db(&self) -> &Database {
-        &self.0.db
-    }
-
-    pub fn gateway(&self) -> &PaymentGateway {
-        &self.0.gateway
-    }
-
-    pub fn records(&self) -> &Records {
-        &self.0.records
-    }
-
-    pub fn assistant(&self) -> &Assistant {
-        &self.0.assistant
-    }
-
-    pub fn model_info(&self) -> &ModelInfo {
-        &self.0.model
-    }
-}
-
-/// A finished answer: what is sent, and what an idempotency record saves for replay.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub struct Answer {
-    pub status: StatusCode,
-    pub content_type: String,
-    pub body: Bytes,
-    pub retry_after: Option<u64>,
-    /// A final outcome, saved under an Idempotency-Key and replayed: the same request
-    /// would end the same way. Transient failures are not: a retry may well succeed.
-    pub final_outcome: bool,
-}
-
-impl Answer {
-    pub fn new(status: StatusCode, content_type: &str, body: impl Into<Bytes>) -> Self {
-        Answer {
-            status,
-            content_type: content_type.to_owned(),
-            body: body.into(),
-            retry_after: None,
-            final_outcome: status.is_success(),
-        }
-    }
-
-    pub fn json(status: StatusCode, body: &impl Serialize) -> Self {
-        let body = serde_json::to_vec(body).expect("answers always serialize");
-        Answer::new(status, "application/json", body)
-    }
-}
-
-impl IntoResponse for Answer {
-    fn into_response(self) -> Response {
-        let mut response = Response::new(Body::from(self.body));
-        *response.status_mut() = self.status;
-        let headers = response.headers_mut();
-        if let Ok(value) = HeaderValue::from_str(&self.content_type) {
-            headers.insert(header::CONTENT_TYPE, value);
-        }
-        if let Some(seconds) = self.retry_after {
-            headers.insert(header::RETRY_AFTER, HeaderValue::from(seconds));
-        }
-        response
-    }
-}
-
-/// A receipt as the API shows it.
-#[derive(Clone, Debug, Serialize, ToSchema)]
-#[serde(rename_all = "camelCase")]
-pub struct ReceiptView {
-    #[schema(example = "0193a8f0-5f2c-7cc1-9d7e-3c1a2b4d5e6f")]
-    pub id: String,
-    #[schema(example = "A-100")]
-    pub order_id: String,
-    #[schema(example = "42.50")]
-    pub amount: String,
-    #[schema(example = "USD")]
-    pub currency: String,
-    /// RFC 3339, UTC.
-    #[schema(example = "2026-12-02T18:37:03.123456Z")]
-    pub created_at: String,
-}
-
-impl From<&Receipt> for ReceiptView {
-    fn from(receipt: &Receipt) -> Self {
-        ReceiptView {
-            id: receipt.id.to_string(),
-            order_id: receipt.order_id.to_string(),
-            amount: receipt.amount.decimal(),
-            currency: receipt.amount.currency().code().to_owned(),
-            created_at: receipt
-                .created_at
-                .to_rfc3339_opts(chrono::SecondsFormat::Micros, true),
-        }
-    }
-}
+pub use state::{AppState, ModelInfo};
 
 #[derive(OpenApi)]
 #[openapi(

@@ -9,8 +9,11 @@ use utoipa::IntoResponses;
 use utoipa::openapi::{RefOr, Response as DocResponse};
 
 use super::error::{Code, Problem, documented};
-use super::{AppState, ReceiptView};
+use super::state::AppState;
 use crate::payments::OrderId;
+use crate::payments::Receipt;
+use serde::Serialize;
+use utoipa::ToSchema;
 
 pub struct ReceiptErrors;
 
@@ -69,5 +72,36 @@ pub async fn get_receipt(State(app): State<AppState>, Path(order_id): Path<Strin
         )
         .into_response(),
         Err(err) => unavailable(err).into_response(),
+    }
+}
+
+/// A receipt as the API shows it.
+#[derive(Clone, Debug, Serialize, ToSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct ReceiptView {
+    #[schema(example = "0193a8f0-5f2c-7cc1-9d7e-3c1a2b4d5e6f")]
+    pub id: String,
+    #[schema(example = "A-100")]
+    pub order_id: String,
+    #[schema(example = "42.50")]
+    pub amount: String,
+    #[schema(example = "USD")]
+    pub currency: String,
+    /// RFC 3339, UTC.
+    #[schema(example = "2026-12-02T18:37:03.123456Z")]
+    pub created_at: String,
+}
+
+impl From<&Receipt> for ReceiptView {
+    fn from(receipt: &Receipt) -> Self {
+        ReceiptView {
+            id: receipt.id.to_string(),
+            order_id: receipt.order_id.to_string(),
+            amount: receipt.amount.decimal(),
+            currency: receipt.amount.currency().code().to_owned(),
+            created_at: receipt
+                .created_at
+                .to_rfc3339_opts(chrono::SecondsFormat::Micros, true),
+        }
     }
 }

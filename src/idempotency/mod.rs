@@ -16,6 +16,7 @@ use std::time::Duration;
 pub use records::{Lease, Saved};
 
 use crate::db::{Database, StoreError};
+use crate::journal;
 use crate::payments::Order;
 
 /// What makes two requests the same request: method, path, and the canonical order.
@@ -76,9 +77,12 @@ impl Records {
         records::release(self.db.acquire().await?.conn(), lease).await
     }
 
-    /// Deletes expired records; how many.
+    /// Deletes expired records, and expired journal entries (they expire with their
+    /// operation's record); how many records.
     pub async fn sweep(&self) -> Result<u64, StoreError> {
-        records::sweep(self.db.acquire().await?.conn()).await
+        let mut conn = self.db.acquire().await?;
+        journal::sweep(conn.conn()).await?;
+        records::sweep(conn.conn()).await
     }
 }
 
@@ -103,6 +107,9 @@ pub async fn begin(
             continue; // swept between our insert and our read
         };
         if record.expired {
+            // The operation's journal goes first: a new operation under this key must
+            // not resume the old one's.
+            journal::forget(conn.conn(), scope, key).await?;
             records::forget_expired(conn.conn(), scope, key).await?;
             continue;
         }

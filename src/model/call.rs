@@ -1,3 +1,6 @@
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU32, Ordering};
+
 use bytes::Bytes;
 
 /// One chat-completions request: the serialized body, cloned cheaply for each retry. Its
@@ -10,4 +13,13 @@ pub struct ModelCall {
     pub round: u32,
     /// 1 for the first send, 2 for the first retry, …
     pub attempt: u32,
+    /// The checkout's count of requests sent, shared by the retries' clones.
+    pub sent: Arc<AtomicU32>,
+}
+
+impl ModelCall {
+    /// Counts one request sent.
+    pub fn sending(&self) {
+        self.sent.fetch_add(1, Ordering::Relaxed);
+    }
 }

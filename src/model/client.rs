@@ -3,6 +3,7 @@
 use std::future::Future;
 use std::pin::Pin;
 use std::sync::Arc;
+use std::sync::atomic::AtomicU32;
 use std::task::{Context, Poll};
 use std::time::{Duration, SystemTime};
 
@@ -15,7 +16,7 @@ use super::call::ModelCall;
 use super::error::{ModelError, ModelErrorKind};
 use super::observe::ObserveLayer;
 use super::retry::{RequestRetry, RequestRetrySettings};
-use super::wire::{AssistantMessage, ChatRequest, ChatResponse};
+use super::wire::{AssistantMessage, ChatRequest, ChatResponse, TokenUsage};
 use crate::metrics::{GenAiTarget, Metrics};
 use crate::secret::Secret;
 use crate::telemetry::genai;
@@ -90,12 +91,14 @@ impl ModelClient {
         &self.metrics
     }
 
-    /// Sends one round of the conversation and returns the model's message.
+    /// Sends one round of the conversation and returns the model's message, with the
+    /// tokens the provider counted. Each request sent (retries too) adds one to `sent`.
     pub async fn complete(
         &self,
         request: &ChatRequest,
         round: u32,
-    ) -> Result<AssistantMessage, ModelError> {
+        sent: Arc<AtomicU32>,
+    ) -> Result<Completion, ModelError> {
         let call = ModelCall {
             // Copied to its exact size: the body is kept for the retries while the model
             // thinks, and serializing leaves up to half of its buffer spare (the buffer
@@ -105,6 +108,7 @@ impl ModelClient {
             ),
             round,
             attempt: 1,
+            sent,
         };
         let response = self.stack.clone().oneshot(call).await.map_err(|err| {
             match err.downcast::<ModelError>() {
@@ -112,7 +116,7 @@ impl ModelClient {
                 Err(other) => ModelError::new(ModelErrorKind::Malformed(other.to_string())),
             }
         })?;
-        response
+        let message = response
             .choices
             .into_iter()
             .next()
@@ -121,8 +125,20 @@ impl ModelClient {
                 ModelError::new(ModelErrorKind::Malformed(
                     "the answer has no choices".into(),
                 ))
-            })
+            })?;
+        Ok(Completion {
+            message,
+            usage: response.usage,
+        })
     }
+}
+
+/// One round's answer.
+#[derive(Clone, Debug)]
+pub struct Completion {
+    pub message: AssistantMessage,
+    /// As the provider reported it, if it did.
+    pub usage: Option<TokenUsage>,
 }
 
 /// The innermost service: one POST, one answer, no retries of its own.
@@ -152,6 +168,7 @@ impl Service<ModelCall> for Transport {
 
 impl Endpoint {
     async fn send(&self, call: ModelCall) -> Result<ChatResponse, ModelError> {
+        call.sending();
         tracing::debug!(
             round = call.round,
             attempt = call.attempt,

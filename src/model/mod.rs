@@ -10,6 +10,6 @@ pub mod scripted;
 pub mod wire;
 
 pub use call::ModelCall;
-pub use client::{ModelClient, ModelEndpoint};
+pub use client::{Completion, ModelClient, ModelEndpoint};
 pub use error::{ModelError, ModelErrorKind, Stop};
 pub use retry::{RequestRetry, RequestRetrySettings};

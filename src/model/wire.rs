@@ -79,13 +79,13 @@ pub struct FunctionSpec {
 pub struct ChatResponse {
     #[serde(default)]
     pub choices: Vec<Choice>,
-    /// Tokens the provider counted for this request, when it says.
+    /// Tokens as the provider counted them; some servers leave it out.
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub usage: Option<Usage>,
+    pub usage: Option<TokenUsage>,
 }
 
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
-pub struct Usage {
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct TokenUsage {
     #[serde(default)]
     pub prompt_tokens: u64,
     #[serde(default)]

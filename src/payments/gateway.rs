@@ -2,6 +2,7 @@ use super::keys::{ChargeKey, OperationKey, OrderId};
 use super::money::Money;
 use super::store::{ChargeOutcome, Receipt, Receipts};
 use crate::db::StoreError;
+use crate::journal::NewEntry;
 
 /// Takes payments. `charge` cannot be called without a [`ChargeKey`], and only a validated
 /// [`super::Order`] makes one: the exactly-once contract is in the signature.
@@ -50,7 +51,24 @@ impl PaymentGateway {
         amount: Money,
         operation: &OperationKey,
     ) -> Result<Charged, ChargeError> {
-        match self.store.charge(key, amount, operation).await? {
+        self.charge_journaled(key, amount, operation, |_| None)
+            .await
+    }
+
+    /// [`Self::charge`], committing `journal`'s entry with the receipt when this call
+    /// makes it: the assistant's record of the charge's tool result.
+    pub async fn charge_journaled(
+        &self,
+        key: &ChargeKey,
+        amount: Money,
+        operation: &OperationKey,
+        journal: impl FnOnce(&Receipt) -> Option<NewEntry>,
+    ) -> Result<Charged, ChargeError> {
+        match self
+            .store
+            .charge_journaled(key, amount, operation, journal)
+            .await?
+        {
             ChargeOutcome::Created(receipt) => Ok(Charged {
                 receipt,
                 created: true,

@@ -28,6 +28,7 @@ use crate::svg;
 mod cpu;
 mod loops;
 mod retry;
+mod saving;
 mod startup;
 mod sweep;
 
@@ -152,7 +153,7 @@ struct Bench {
 }
 
 const USAGE: &str = "\
-usage: checkout-bench [--quick] [--only cpu,loops,retry,startup,sweep] [--db sqlite,postgres]
+usage: checkout-bench [--quick] [--only cpu,loops,retry,saving,startup,sweep] [--db sqlite,postgres]
                       [--runs N] [--concurrency N] [--http1] [--out DIR] [--service-bin PATH]
                       [--no-build] [--postgres postgres://postgres@127.0.0.1:5432]
                       [--service-env NAME=VALUE]...
@@ -176,7 +177,7 @@ pub fn main(args: &mut Args) -> Result<(), String> {
     let mut plan = Plan::new(quick);
     let only: Vec<String> = args
         .value("--only")?
-        .unwrap_or_else(|| "startup,cpu,retry,loops,sweep".into())
+        .unwrap_or_else(|| "startup,cpu,retry,saving,loops,sweep".into())
         .split(',')
         .map(str::to_owned)
         .collect();
@@ -232,7 +233,7 @@ pub fn main(args: &mut Args) -> Result<(), String> {
         procfs::machine(),
         procfs::open_files_limit("self")
     ));
-    for figure in ["startup", "cpu", "retry", "loops", "sweep"] {
+    for figure in ["startup", "cpu", "retry", "saving", "loops", "sweep"] {
         if !only.iter().any(|o| o == figure) {
             continue;
         }
@@ -241,6 +242,7 @@ pub fn main(args: &mut Args) -> Result<(), String> {
                 "startup" => bench.startup(db),
                 "cpu" => bench.cpu(db),
                 "retry" => bench.retry(db),
+                "saving" => bench.saving(db),
                 "loops" => bench.loops(db),
                 _ => bench.sweep(db),
             };

@@ -36,7 +36,8 @@ pub struct LoadArgs {
     pub amount: String,
     /// HTTP/2 with prior knowledge (many checkouts on few connections).
     pub http2: bool,
-    /// Writes `orderId<TAB>status<TAB>receiptId<TAB>attempts` per request here.
+    /// Writes `orderId<TAB>status<TAB>receiptId<TAB>attempts<TAB>inputTokens<TAB>outputTokens`
+    /// per request here.
     pub records: Option<PathBuf>,
     pub timeout_ms: u64,
 }
@@ -402,5 +403,17 @@ fn record(order: &str, status: u16, body: &[u8]) -> String {
         .and_then(|v| v.as_u64())
         .map(|n| n.to_string())
         .unwrap_or_else(|| "-".into());
-    format!("{order}\t{status}\t{receipt}\t{attempts}\n")
+    let tokens = |name: &str| {
+        parsed
+            .as_ref()
+            .and_then(|v| v.pointer(&format!("/usage/{name}")))
+            .and_then(|v| v.as_u64())
+            .map(|n| n.to_string())
+            .unwrap_or_else(|| "-".into())
+    };
+    format!(
+        "{order}\t{status}\t{receipt}\t{attempts}\t{}\t{}\n",
+        tokens("inputTokens"),
+        tokens("outputTokens")
+    )
 }

@@ -94,7 +94,7 @@ impl ScriptedModel {
         self.state.requests.load(Ordering::SeqCst)
     }
 
-    /// Tokens reported in the answers sent so far, as (input, output); see `script`.
+    /// Tokens reported in the answers sent so far, as (input, output).
     pub fn tokens(&self) -> (u64, u64) {
         (
             self.state.input_tokens.load(Ordering::SeqCst),

@@ -2,11 +2,9 @@
 
 use std::time::SystemTime;
 
-use hyper::StatusCode;
 use serde_json::json;
 
 use super::plan::{Fault, Quirk};
-use super::server::{Answer, json_answer};
 use crate::model::wire::{ChatRequest, Message};
 
 /// What the order looks like to the model: read from the user message, as a model would.
@@ -51,7 +49,7 @@ pub(super) fn assistant_answer(
     number: u64,
     fault: Option<Fault>,
     quirks: &[Quirk],
-) -> (Answer, Tokens) {
+) -> serde_json::Value {
     let completion = |text: Option<&str>, calls| completion(chat, number, text, calls, quirks);
     let Some(asked) = asked(chat) else {
         return completion(Some("I could not find an order to charge."), vec![]);
@@ -116,7 +114,7 @@ fn completion(
     text: Option<&str>,
     calls: Vec<(String, String)>,
     quirks: &[Quirk],
-) -> (Answer, Tokens) {
+) -> serde_json::Value {
     let quirk = |q: Quirk| quirks.contains(&q);
     let tool_calls: Vec<serde_json::Value> = calls
         .into_iter()
@@ -154,17 +152,6 @@ fn completion(
         None if calling && quirk(Quirk::EmptyContent) => Some(""),
         text => text,
     };
-    let tokens = Tokens {
-        input: chat.messages.iter().map(message_words).sum(),
-        output: words(text.unwrap_or_default())
-            + tool_calls
-                .iter()
-                .map(|c| match &c["function"]["arguments"] {
-                    serde_json::Value::String(text) => words(text),
-                    object => words(&object.to_string()),
-                })
-                .sum::<u64>(),
-    };
     let mut message = json!({"role": "assistant", "content": text});
     if calling {
         message["tool_calls"] = serde_json::Value::Array(tool_calls);
@@ -173,50 +160,21 @@ fn completion(
         .duration_since(SystemTime::UNIX_EPOCH)
         .map(|d| d.as_secs())
         .unwrap_or_default();
-    let answer = json_answer(
-        StatusCode::OK,
-        &json!({
-            "id": format!("chatcmpl-scripted-{number}"),
-            "object": "chat.completion",
-            "created": created,
-            "model": chat.model,
-            "choices": [{"index": 0, "message": message, "finish_reason": finish}],
-            "usage": {
-                "prompt_tokens": tokens.input,
-                "completion_tokens": tokens.output,
-                "total_tokens": tokens.input + tokens.output,
-            },
-        }),
-    );
-    (answer, tokens)
-}
-
-/// The tokens an answer reports. The scripted model has no tokenizer: it counts words
-/// (runs of non-space), so that token metrics see numbers that differ between input
-/// and output and can be checked against [`ScriptedModel::tokens`](super::ScriptedModel::tokens).
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
-pub(super) struct Tokens {
-    pub(super) input: u64,
-    pub(super) output: u64,
-}
-
-fn words(text: &str) -> u64 {
-    text.split_whitespace().count() as u64
-}
-
-fn message_words(message: &Message) -> u64 {
-    match message {
-        Message::System { content } | Message::User { content } => words(content),
-        Message::Assistant {
-            content,
-            tool_calls,
-        } => {
-            words(content.as_deref().unwrap_or_default())
-                + tool_calls
-                    .iter()
-                    .map(|c| words(&c.function.arguments))
-                    .sum::<u64>()
-        }
-        Message::Tool { content, .. } => words(content),
-    }
+    // Tokens as a provider would count them, roughly: a token per four bytes of what
+    // was sent and of what is answered, so that a saving in requests shows in tokens.
+    let sent = serde_json::to_string(&chat.messages).map_or(0, |text| text.len());
+    let (prompt_tokens, completion_tokens) =
+        (sent.div_ceil(4), message.to_string().len().div_ceil(4));
+    json!({
+        "id": format!("chatcmpl-scripted-{number}"),
+        "object": "chat.completion",
+        "created": created,
+        "model": chat.model,
+        "choices": [{"index": 0, "message": message, "finish_reason": finish}],
+        "usage": {
+            "prompt_tokens": prompt_tokens,
+            "completion_tokens": completion_tokens,
+            "total_tokens": prompt_tokens + completion_tokens,
+        },
+    })
 }

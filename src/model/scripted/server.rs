@@ -72,7 +72,7 @@ impl std::fmt::Display for CloseConnection {
 
 impl std::error::Error for CloseConnection {}
 
-pub(super) type Answer = Response<Full<Bytes>>;
+type Answer = Response<Full<Bytes>>;
 
 async fn handle(state: Arc<State>, request: Request<Incoming>) -> Result<Answer, CloseConnection> {
     let path = request.uri().path();
@@ -223,12 +223,15 @@ async fn completions(state: &State, request: Request<Incoming>) -> Result<Answer
             .expect("a valid response")),
         Some(Fault::Replay(recording)) => Ok(replayed(&recording)),
         other => {
-            let (answer, tokens) = assistant_answer(&chat, number, other, &quirks);
-            state.input_tokens.fetch_add(tokens.input, Ordering::SeqCst);
+            let answer = assistant_answer(&chat, number, other, &quirks);
+            let tokens = |name: &str| answer["usage"][name].as_u64().unwrap_or(0);
+            state
+                .input_tokens
+                .fetch_add(tokens("prompt_tokens"), Ordering::SeqCst);
             state
                 .output_tokens
-                .fetch_add(tokens.output, Ordering::SeqCst);
-            Ok(answer)
+                .fetch_add(tokens("completion_tokens"), Ordering::SeqCst);
+            Ok(json_answer(StatusCode::OK, &answer))
         }
     }
 }
@@ -245,7 +248,7 @@ fn replayed(recording: &Recording) -> Answer {
         .expect("a valid response")
 }
 
-pub(super) fn json_answer(status: StatusCode, body: &serde_json::Value) -> Answer {
+fn json_answer(status: StatusCode, body: &serde_json::Value) -> Answer {
     Response::builder()
         .status(status)
         .header(CONTENT_TYPE, "application/json")

@@ -1,19 +1,21 @@
 //! Receipts: one row per charged order, in whichever database the service uses.
 //!
 //! A charge is a row of an `INSERT … ON CONFLICT DO NOTHING RETURNING` (written with the
-//! charges that arrive with it: [`group`]), then a read of the winner when the insert
-//! lost: the database, not Rust code, decides which of two racing charges counts.
+//! charges that arrive with it, by a group writer), then a read of the winner when the
+//! insert lost: the database, not Rust code, decides which of two racing charges counts.
 
-mod group;
 pub mod receipts;
 
 pub use receipts::Receipt;
 
-use group::GroupWriter;
+use chrono::{SubsecRound, Utc};
+use uuid::Uuid;
 
 use super::keys::{ChargeKey, OperationKey, OrderId};
 use super::money::Money;
-use crate::db::{Database, StoreError};
+use crate::db::{Database, GroupWriter, StoreError};
+use crate::journal::NewEntry;
+use receipts::{ChargeRow, Charges, NewReceipt};
 
 /// What a charge did.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -31,14 +33,14 @@ pub enum ChargeOutcome {
 #[derive(Clone, Debug)]
 pub struct Receipts {
     db: Database,
-    writer: GroupWriter,
+    writer: GroupWriter<Charges>,
 }
 
 impl Receipts {
     pub fn new(db: &Database) -> Receipts {
         Receipts {
             db: db.clone(),
-            writer: GroupWriter::start(db),
+            writer: GroupWriter::start(db, Charges),
         }
     }
 
@@ -50,7 +52,35 @@ impl Receipts {
         amount: Money,
         operation: &OperationKey,
     ) -> Result<ChargeOutcome, StoreError> {
-        if let Some(receipt) = self.writer.insert(key, amount, operation).await? {
+        self.charge_journaled(key, amount, operation, |_| None)
+            .await
+    }
+
+    /// [`Self::charge`], where `journal` gives the journal entry that commits with the
+    /// receipt when this call makes it (in the same statement or transaction): a resumed
+    /// loop then finds the charge's tool result whenever it finds the charge.
+    pub async fn charge_journaled(
+        &self,
+        key: &ChargeKey,
+        amount: Money,
+        operation: &OperationKey,
+        journal: impl FnOnce(&Receipt) -> Option<NewEntry>,
+    ) -> Result<ChargeOutcome, StoreError> {
+        let receipt = NewReceipt {
+            id: Uuid::now_v7(),
+            order_id: key.order_id().as_str().to_owned(),
+            amount,
+            operation_key: operation.as_str().to_owned(),
+            created_at: Utc::now().trunc_subsecs(6),
+        };
+        let entry = journal(&Receipt {
+            id: receipt.id,
+            order_id: key.order_id().clone(),
+            amount,
+            operation_key: receipt.operation_key.clone(),
+            created_at: receipt.created_at,
+        });
+        if let Some(receipt) = self.writer.write(ChargeRow { receipt, entry }).await? {
             return Ok(ChargeOutcome::Created(receipt));
         }
         // The insert lost to an earlier or concurrent charge. Under READ COMMITTED this

@@ -5,11 +5,15 @@
 //! (Postgres: UUID and TIMESTAMPTZ; SQLite: the same values as text), so the group insert
 //! binds them per driver; every other statement is one text for both.
 
+use std::cmp::Ordering;
+use std::collections::HashMap;
+
 use chrono::{DateTime, SecondsFormat, Utc};
-use sqlx::QueryBuilder;
+use sqlx::{Connection, QueryBuilder};
 use uuid::Uuid;
 
-use crate::db::{Conn, StoreError, on_conn};
+use crate::db::{Conn, GroupWrite, StoreError, on_conn};
+use crate::journal::{self, NewEntry, PgEntries};
 use crate::payments::keys::OrderId;
 use crate::payments::money::{Currency, Money};
 
@@ -35,12 +39,26 @@ pub struct NewReceipt {
     pub created_at: DateTime<Utc>,
 }
 
-/// One statement for a group of any size, so that Postgres prepares it once per connection.
-const INSERT_UNNEST: &str = "\
-    INSERT INTO receipts (id, order_id, amount_minor, currency, operation_key, created_at) \
-    SELECT * FROM UNNEST($1::uuid[], $2::text[], $3::int8[], $4::text[], $5::text[], $6::timestamptz[]) \
-    ON CONFLICT (order_id) DO NOTHING \
-    RETURNING CAST(id AS TEXT) AS id, order_id, amount_minor, currency, operation_key, created_at";
+/// A charge for the group writer: its receipt row, and the journal entry that commits
+/// with it if the row goes in.
+#[derive(Debug)]
+pub struct ChargeRow {
+    pub receipt: NewReceipt,
+    pub entry: Option<NewEntry>,
+}
+
+/// One statement for a group of any size, so that Postgres prepares it once per
+/// connection: the receipts, and (a data-modifying CTE of the same statement, so the same
+/// commit) the journal entries of those that went in.
+const INSERT_UNNEST: &str = concat!(
+    "WITH charged AS (",
+    "INSERT INTO receipts (id, order_id, amount_minor, currency, operation_key, created_at) ",
+    "SELECT * FROM UNNEST($1::uuid[], $2::text[], $3::int8[], $4::text[], $5::text[], $6::timestamptz[]) ",
+    "ON CONFLICT (order_id) DO NOTHING ",
+    "RETURNING CAST(id AS TEXT) AS id, order_id, amount_minor, currency, operation_key, created_at), ",
+    journal::pg_with_charged!(),
+    " SELECT * FROM charged"
+);
 
 /// SQLite has no arrays: a multi-row `VALUES` between these two, prepared in microseconds.
 const INSERT_VALUES: &str =
@@ -52,12 +70,50 @@ const FIND: &str = "\
     SELECT CAST(id AS TEXT) AS id, order_id, amount_minor, currency, operation_key, created_at \
     FROM receipts WHERE order_id = $1";
 
-/// Inserts `rows` in one statement; the receipts it made. A row whose order was already
-/// charged (before, or by an earlier row of `rows`) is skipped and not among them.
-pub async fn insert(conn: Conn<'_>, rows: &[NewReceipt]) -> Result<Vec<Receipt>, StoreError> {
+/// The group writer's side of the table.
+pub struct Charges;
+
+impl GroupWrite for Charges {
+    type Row = ChargeRow;
+    /// The receipt when this row was inserted; `None` when its order was charged before.
+    type Out = Option<Receipt>;
+
+    fn order(a: &ChargeRow, b: &ChargeRow) -> Ordering {
+        a.receipt.order_id.cmp(&b.receipt.order_id)
+    }
+
+    /// One round trip a group on Postgres (one statement: an explicit transaction would
+    /// cost two more, and would turn "the charge committed, its answer lost" into "BEGIN's
+    /// answer lost, nothing charged"); one transaction on SQLite, which is in-process.
+    async fn write(
+        &self,
+        conn: Conn<'_>,
+        rows: &[ChargeRow],
+    ) -> Result<Vec<Self::Out>, StoreError> {
+        let mut made: HashMap<Uuid, Receipt> = insert(conn, rows)
+            .await?
+            .into_iter()
+            .map(|r| (r.id, r))
+            .collect();
+        Ok(rows
+            .iter()
+            .map(|row| made.remove(&row.receipt.id))
+            .collect())
+    }
+}
+
+/// Inserts `rows` in one commit; the receipts it made, and the journal entries of those.
+/// A row whose order was already charged (before, or by an earlier row of `rows`) is
+/// skipped and not among them.
+pub async fn insert(conn: Conn<'_>, rows: &[ChargeRow]) -> Result<Vec<Receipt>, StoreError> {
     let stored: Vec<Stored> = match conn {
         Conn::Postgres(c) => {
-            sqlx::query_as(INSERT_UNNEST)
+            let entries = PgEntries::of(
+                rows.iter()
+                    .filter_map(|r| Some((Some(r.receipt.id.to_string()), r.entry.as_ref()?))),
+            );
+            let rows: Vec<&NewReceipt> = rows.iter().map(|r| &r.receipt).collect();
+            let query = sqlx::query_as(INSERT_UNNEST)
                 .bind(rows.iter().map(|r| r.id).collect::<Vec<_>>())
                 .bind(rows.iter().map(|r| r.order_id.as_str()).collect::<Vec<_>>())
                 .bind(rows.iter().map(|r| r.amount.minor()).collect::<Vec<_>>())
@@ -71,13 +127,13 @@ pub async fn insert(conn: Conn<'_>, rows: &[NewReceipt]) -> Result<Vec<Receipt>,
                         .map(|r| r.operation_key.as_str())
                         .collect::<Vec<_>>(),
                 )
-                .bind(rows.iter().map(|r| r.created_at).collect::<Vec<_>>())
-                .fetch_all(c)
-                .await?
+                .bind(rows.iter().map(|r| r.created_at).collect::<Vec<_>>());
+            entries.bind(query).fetch_all(c).await?
         }
         Conn::Sqlite(c) => {
+            let mut tx = c.begin().await?;
             let mut statement = QueryBuilder::new(INSERT_VALUES);
-            statement.push_values(rows, |mut values, row| {
+            statement.push_values(rows.iter().map(|r| &r.receipt), |mut values, row| {
                 values
                     .push_bind(row.id.hyphenated().to_string())
                     .push_bind(row.order_id.clone())
@@ -87,7 +143,19 @@ pub async fn insert(conn: Conn<'_>, rows: &[NewReceipt]) -> Result<Vec<Receipt>,
                     .push_bind(row.created_at.to_rfc3339_opts(SecondsFormat::Micros, true));
             });
             statement.push(ON_CONFLICT);
-            statement.build_query_as().fetch_all(c).await?
+            let stored: Vec<Stored> = statement.build_query_as().fetch_all(&mut *tx).await?;
+            let entries: Vec<&NewEntry> = rows
+                .iter()
+                .filter(|r| {
+                    stored
+                        .iter()
+                        .any(|s| s.id == r.receipt.id.hyphenated().to_string())
+                })
+                .filter_map(|r| r.entry.as_ref())
+                .collect();
+            journal::insert_sqlite(&mut tx, &entries).await?;
+            tx.commit().await?;
+            stored
         }
     };
     stored.into_iter().map(Stored::into_receipt).collect()

@@ -1,14 +1,15 @@
 //! The database goes away in the middle of a checkout (Postgres behind a proxy that the
 //! test breaks as a restart would). The charge happens once or not at all, and the
 //! answer says which.
+//!
+//! These tests follow the charge statement, so they run with the journal off (with it on,
+//! the journal's own writes meet the restart first: the last test here).
 
-mod common;
+use std::time::Duration;
 
-use std::time::{Duration, Instant};
-
+use crate::common::proxy::Proxy;
+use crate::common::{Backend, Harness, TestDb, scripted, test_settings, until};
 use checkout::model::scripted::FaultRule;
-use common::proxy::Proxy;
-use common::{Backend, Harness, TestDb, scripted, test_settings};
 
 async fn behind_proxy(faults: &str) -> (Harness, Proxy) {
     let db = TestDb::new(Backend::Postgres).await;
@@ -17,15 +18,8 @@ async fn behind_proxy(faults: &str) -> (Harness, Proxy) {
     let mut settings = test_settings(&db, &model);
     settings.database.url = db.url_via(proxy.addr);
     settings.database.pool.acquire_timeout = Duration::from_millis(300);
+    settings.r#loop.journal = false;
     (Harness::serve(db, model, settings).await, proxy)
-}
-
-async fn until(what: &str, mut done: impl AsyncFnMut() -> bool) {
-    let deadline = Instant::now() + Duration::from_secs(10);
-    while !done().await {
-        assert!(Instant::now() < deadline, "timed out waiting until {what}");
-        tokio::time::sleep(Duration::from_millis(5)).await;
-    }
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -142,6 +136,7 @@ async fn a_charge_whose_answer_never_comes_does_not_stall_the_charges_after_it()
     settings.database.url = db.url_via(proxy.addr);
     settings.request.timeout = Duration::from_millis(500);
     settings.r#loop.retry.timeout = Duration::from_millis(1_000);
+    settings.r#loop.journal = false;
     let h = std::sync::Arc::new(Harness::serve(db, model, settings).await);
     // Prepares the statements, so that the next charge needs no answer before it runs.
     assert_eq!(h.checkout("DB-4-warm", "1.00").await.status, 200);
@@ -170,4 +165,46 @@ async fn a_charge_whose_answer_never_comes_does_not_stall_the_charges_after_it()
     );
     assert_eq!(h.db.receipts("DB-4").await, 1);
     assert_eq!(h.db.receipts("DB-5").await, 1);
+}
+
+/// With the journal on, a model answer is journaled before its tools run, and a retried
+/// loop attempt starts by reading the journal: while the database is down no attempt gets
+/// as far as a tool, and nothing is charged.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn with_the_journal_a_database_down_is_503_before_any_tool_runs() {
+    let db = TestDb::new(Backend::Postgres).await;
+    let proxy = Proxy::start("127.0.0.1:5432".parse().unwrap()).await;
+    let model = scripted("").await;
+    let mut settings = test_settings(&db, &model);
+    settings.database.url = db.url_via(proxy.addr);
+    settings.database.pool.acquire_timeout = Duration::from_millis(300);
+    let h = Harness::serve(db, model, settings).await;
+    proxy.down();
+    let reply = h.checkout("DB-6", "5.00").await;
+    let problem = reply.problem(503);
+    assert_eq!(problem["code"], "unavailable");
+    assert_eq!(problem["attempts"], 3, "{problem}");
+    assert!(
+        problem["detail"]
+            .as_str()
+            .unwrap()
+            .starts_with("the journal did not answer"),
+        "{problem}"
+    );
+    assert_eq!(problem["charged"], false, "no charge statement was sent");
+    assert_eq!(
+        h.model.requests(),
+        1,
+        "attempt 1 asked round 1 and could not journal the answer; attempts 2 and 3 could not read the journal"
+    );
+    proxy.up();
+    assert_eq!(h.db.receipts("DB-6").await, 0);
+    let reply = h.checkout("DB-6", "5.00").await;
+    assert_eq!(
+        reply.status,
+        200,
+        "back up, the same order goes through: {}",
+        reply.text()
+    );
+    assert_eq!(h.db.receipts("DB-6").await, 1);
 }

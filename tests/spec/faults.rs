@@ -1,69 +1,109 @@
 //! The fault matrix: every fault the scripted model can inject, at round 1 (before the
-//! charge), round 2 (after it) and round 3 (the last), with the loop retry on and off,
-//! against SQLite and Postgres. Each cell states the status and code, the receipts and
-//! the model requests it expects.
+//! charge), round 2 (after it) and round 3 (the last), in three columns: the loop retry
+//! resuming from the journal (the default), the loop retry restarting the loop (journal
+//! off), and no loop retry; against SQLite and Postgres. Each cell states the status and
+//! code, the receipts, the model requests and the journal steps replayed it expects.
 //!
 //! The script for the matrix has three rounds: the model charges (round 1), charges
 //! again to be sure (round 2, `recharge@2`: the charge key turns it into a read), then
-//! confirms (round 3). Request retries: 2; loop retries: 2 (on) or 0 (off).
-
-mod common;
+//! confirms (round 3). Request retries: 2; loop retries: 2 (on) or 0 (off). A round
+//! before the failing one is two journal steps (the answer and the charge's result):
+//! resumed, it is replayed, not asked again.
 
 use std::time::Duration;
 
+use crate::common::{Backend, Harness, TestDb};
 use checkout::config::Settings;
-use common::{Backend, Harness, TestDb};
 
-/// What one cell must show.
+/// What one cell must show, named: `Expect::ok().requests(6).attempts(2)`,
+/// `Expect::fail(502, "model_error").receipts(0).requests(3)`.
 #[derive(Clone, Copy, Debug)]
 struct Expect {
     status: u16,
     /// The problem `code`; empty for a 200.
     code: &'static str,
     receipts: i64,
-    model_requests: u64,
+    requests: u64,
     /// Loop attempts (`attempts` in the answer).
     attempts: u64,
+    /// Steps taken from the journal (`usage.replayedSteps` of a 200).
+    replayed: u64,
 }
 
-const fn ok(model_requests: u64, attempts: u64) -> Expect {
-    Expect {
-        status: 200,
-        code: "",
-        receipts: 1,
-        model_requests,
-        attempts,
+impl Expect {
+    /// A 200 with the order's one receipt, after one round per script step, first try.
+    const fn ok() -> Expect {
+        Expect {
+            status: 200,
+            code: "",
+            receipts: 1,
+            requests: 3,
+            attempts: 1,
+            replayed: 0,
+        }
+    }
+
+    /// A problem with this status and code; no receipt unless said.
+    const fn fail(status: u16, code: &'static str) -> Expect {
+        Expect {
+            status,
+            code,
+            receipts: 0,
+            requests: 1,
+            attempts: 1,
+            replayed: 0,
+        }
+    }
+
+    const fn receipts(self, receipts: i64) -> Expect {
+        Expect { receipts, ..self }
+    }
+
+    /// Chat-completions requests the scripted model received.
+    const fn requests(self, requests: u64) -> Expect {
+        Expect { requests, ..self }
+    }
+
+    const fn attempts(self, attempts: u64) -> Expect {
+        Expect { attempts, ..self }
+    }
+
+    const fn replayed(self, replayed: u64) -> Expect {
+        Expect { replayed, ..self }
     }
 }
 
-const fn fail(
-    status: u16,
-    code: &'static str,
-    receipts: i64,
-    model_requests: u64,
-    attempts: u64,
-) -> Expect {
-    Expect {
-        status,
-        code,
-        receipts,
-        model_requests,
-        attempts,
-    }
+/// The columns: how a failed loop attempt is followed up.
+#[derive(Clone, Copy, Debug)]
+enum Column {
+    /// The loop retry, resuming from the journal (the default).
+    Resume,
+    /// The loop retry, starting over (`CHECKOUT_JOURNAL=false`).
+    Restart,
+    /// No loop retry.
+    NoRetry,
 }
 
-fn matrix_settings(s: &mut Settings, loop_retry: bool) {
-    s.request.timeout = Duration::from_millis(300);
-    s.r#loop.retry.timeout = Duration::from_millis(3_000);
-    s.r#loop.retry.max_retries = if loop_retry { 2 } else { 0 };
+const COLUMNS: [Column; 3] = [Column::Resume, Column::Restart, Column::NoRetry];
+
+fn matrix_settings(s: &mut Settings, column: Column) {
+    // Long beside an answer (milliseconds), so a loaded machine does not add a timeout
+    // the cell does not expect; the loop timeout outlasts three timed-out requests.
+    s.request.timeout = Duration::from_millis(1_000);
+    s.r#loop.retry.timeout = Duration::from_millis(6_000);
+    s.r#loop.retry.max_retries = match column {
+        Column::Resume | Column::Restart => 2,
+        Column::NoRetry => 0,
+    };
+    s.r#loop.journal = !matches!(column, Column::Restart);
 }
 
-/// Runs `fault` at rounds 1, 2, 3, loop retry on then off, on `backend`, all cells at once.
-/// `cells[round - 1] = [on, off]`.
-async fn row(backend: Backend, fault: &str, cells: [[Expect; 2]; 3]) {
+/// Runs `fault` at rounds 1, 2, 3, in each column, on `backend`, all cells at once.
+/// `cells[round - 1] = [resume, restart, no retry]`.
+async fn row(backend: Backend, fault: &str, cells: [[Expect; 3]; 3]) {
     let mut runs = tokio::task::JoinSet::new();
-    for (round, pair) in (1..=3).zip(cells) {
-        for (loop_retry, expect) in [true, false].into_iter().zip(pair) {
+    for (round, columns) in (1..=3).zip(cells) {
+        for (column, expect) in COLUMNS.into_iter().zip(columns) {
             let plan = if fault.contains('@') || fault == "recharge" {
                 fault.to_owned()
             } else {
@@ -76,12 +116,9 @@ async fn row(backend: Backend, fault: &str, cells: [[Expect; 2]; 3]) {
                 format!("{fault}@{round}{times},recharge@2")
             };
             runs.spawn(async move {
-                let h = Harness::with(backend, &plan, |s| matrix_settings(s, loop_retry)).await;
+                let h = Harness::with(backend, &plan, |s| matrix_settings(s, column)).await;
                 let reply = h.checkout("X-1", "42.50").await;
-                let cell = format!(
-                    "{plan} loop retry {}",
-                    if loop_retry { "on" } else { "off" }
-                );
+                let cell = format!("{plan} {column:?}");
                 assert_eq!(reply.status, expect.status, "{cell}: {}", reply.text());
                 let body = reply.json();
                 if expect.status == 200 {
@@ -90,6 +127,9 @@ async fn row(backend: Backend, fault: &str, cells: [[Expect; 2]; 3]) {
                         body["charged"], true,
                         "{cell}: this operation made the charge"
                     );
+                    let usage = &body["usage"];
+                    assert_eq!(usage["replayedSteps"], expect.replayed, "{cell}: {body}");
+                    assert_eq!(usage["modelRequests"], expect.requests, "{cell}: {body}");
                 } else {
                     assert_eq!(body["code"], expect.code, "{cell}: {body}");
                     assert_eq!(body["orderCharged"], expect.receipts == 1, "{cell}: {body}");
@@ -97,7 +137,7 @@ async fn row(backend: Backend, fault: &str, cells: [[Expect; 2]; 3]) {
                 assert_eq!(body["attempts"], expect.attempts, "{cell}: {body}");
                 assert_eq!(h.db.receipts("X-1").await, expect.receipts, "{cell}");
                 assert_eq!(h.db.all_receipts().await, expect.receipts, "{cell}");
-                assert_eq!(h.model.requests(), expect.model_requests, "{cell}: {body}");
+                assert_eq!(h.model.requests(), expect.requests, "{cell}: {body}");
             });
         }
     }
@@ -107,13 +147,29 @@ async fn row(backend: Backend, fault: &str, cells: [[Expect; 2]; 3]) {
 }
 
 /// A transient failure three times in a row spends the request retry (1 + 2 retries).
-/// With the loop retry on, the second loop attempt succeeds and the earlier charge is
-/// found, not repeated; off, the checkout fails after the round's three requests.
-fn spends_the_request_retry(status: u16, code: &'static str) -> [[Expect; 2]; 3] {
+/// With the loop retry, the second loop attempt succeeds: resuming, it asks only the
+/// failed round and those after it (6 requests whatever the round); restarting, it asks
+/// every round again and finds the earlier charge, not repeating it. Without it, the
+/// checkout fails after the round's three requests.
+fn spends_the_request_retry(status: u16, code: &'static str) -> [[Expect; 3]; 3] {
+    let fail = Expect::fail(status, code);
+    let resumed = Expect::ok().requests(6).attempts(2);
     [
-        [ok(6, 2), fail(status, code, 0, 3, 1)],
-        [ok(7, 2), fail(status, code, 1, 4, 1)],
-        [ok(8, 2), fail(status, code, 1, 5, 1)],
+        [
+            resumed,
+            Expect::ok().requests(6).attempts(2),
+            fail.receipts(0).requests(3),
+        ],
+        [
+            resumed.replayed(2),
+            Expect::ok().requests(7).attempts(2),
+            fail.receipts(1).requests(4),
+        ],
+        [
+            resumed.replayed(4),
+            Expect::ok().requests(8).attempts(2),
+            fail.receipts(1).requests(5),
+        ],
     ]
 }
 
@@ -151,24 +207,38 @@ matrix_row!(
     spends_the_request_retry(502, "model_error")
 );
 
-// Not repeated by the request retry; the loop retry starts a fresh conversation.
+const MODEL_ERROR: Expect = Expect::fail(502, "model_error");
+
+// Not repeated by the request retry; the loop retry resumes (4 requests whatever the
+// round) or, without the journal, starts a fresh conversation.
 matrix_row!(
     malformed_json,
     "malformedx1",
     [
-        [ok(4, 2), fail(502, "model_error", 0, 1, 1)],
-        [ok(5, 2), fail(502, "model_error", 1, 2, 1)],
-        [ok(6, 2), fail(502, "model_error", 1, 3, 1)],
+        [
+            Expect::ok().requests(4).attempts(2),
+            Expect::ok().requests(4).attempts(2),
+            MODEL_ERROR.receipts(0).requests(1),
+        ],
+        [
+            Expect::ok().requests(4).attempts(2).replayed(2),
+            Expect::ok().requests(5).attempts(2),
+            MODEL_ERROR.receipts(1).requests(2),
+        ],
+        [
+            Expect::ok().requests(4).attempts(2).replayed(4),
+            Expect::ok().requests(6).attempts(2),
+            MODEL_ERROR.receipts(1).requests(3),
+        ],
     ]
 );
 
 // A refusal by the provider is repeated by neither retry: one request, whatever the round.
-const fn refused(round: u64) -> [Expect; 2] {
-    let receipts = if round == 1 { 0 } else { 1 };
-    [
-        fail(502, "model_error", receipts, round, 1),
-        fail(502, "model_error", receipts, round, 1),
-    ]
+const fn refused(round: u64) -> [Expect; 3] {
+    let cell = MODEL_ERROR
+        .receipts(if round == 1 { 0 } else { 1 })
+        .requests(round);
+    [cell; 3]
 }
 matrix_row!(status_401, "401", [refused(1), refused(2), refused(3)]);
 matrix_row!(
@@ -178,22 +248,14 @@ matrix_row!(
 );
 
 // Slow, but within the request timeout: nothing is retried.
-matrix_row!(
-    slow_answer,
-    "slow=100x1",
-    [
-        [ok(3, 1), ok(3, 1)],
-        [ok(3, 1), ok(3, 1)],
-        [ok(3, 1), ok(3, 1)]
-    ]
-);
+matrix_row!(slow_answer, "slow=100x1", [[Expect::ok(); 3]; 3]);
 
 // The model's mistakes are answered with an error result and cost it one more round;
 // at round 3 the model has to answer once more (round 4) after the refusal.
-const MISTAKE: [[Expect; 2]; 3] = [
-    [ok(3, 1), ok(3, 1)],
-    [ok(3, 1), ok(3, 1)],
-    [ok(4, 1), ok(4, 1)],
+const MISTAKE: [[Expect; 3]; 3] = [
+    [Expect::ok(); 3],
+    [Expect::ok(); 3],
+    [Expect::ok().requests(4); 3],
 ];
 matrix_row!(wrong_order, "wrong-orderx1", MISTAKE);
 matrix_row!(wrong_amount, "wrong-amountx1", MISTAKE);
@@ -201,10 +263,7 @@ matrix_row!(same_charge_twice_in_one_answer, "double-chargex1", MISTAKE);
 
 // A model that never stops calling the tool: every round, so the round does not vary.
 // Ten rounds (CHECKOUT_MAX_ROUNDS), ten charge calls, one receipt, and no loop retry.
-const NEVER_STOPS: [Expect; 2] = [
-    fail(502, "model_error", 1, 10, 1),
-    fail(502, "model_error", 1, 10, 1),
-];
+const NEVER_STOPS: [Expect; 3] = [MODEL_ERROR.receipts(1).requests(10); 3];
 matrix_row!(
     never_stops_calling_the_tool,
     "recharge",
@@ -212,10 +271,11 @@ matrix_row!(
 );
 
 // The article's incident: the provider times out on the second round, after the charge.
-// The loop retry restarts the loop; the charge runs again and returns the first receipt.
+// The loop retry resumes from the journal: round 1 and the charge are replayed, not asked
+// or run again; round 2 is asked once more, then round 3.
 both_backends!(the_articles_incident_charges_once, |backend| async move {
     let h = Harness::with(backend, "timeout@2x3", |s| {
-        s.request.timeout = Duration::from_millis(300)
+        matrix_settings(s, Column::Resume)
     })
     .await;
     let reply = h.checkout("A-100", "42.50").await;
@@ -224,13 +284,41 @@ both_backends!(the_articles_incident_charges_once, |backend| async move {
     assert_eq!(body["attempts"], 2);
     assert_eq!(body["charged"], true);
     assert_eq!(h.db.receipts("A-100").await, 1);
-    // Attempt 1: round 1, then round 2 three times (all timed out). Attempt 2: two rounds.
-    assert_eq!(h.model.requests(), 6);
+    // Attempt 1: round 1, then round 2 three times (all timed out). Attempt 2: round 2
+    // and the confirmation; round 1 is not asked again.
+    assert_eq!(h.model.requests(), 5);
     assert_eq!(
         (h.model.requests_at_round(1), h.model.requests_at_round(2)),
-        (2, 4)
+        (1, 4)
     );
+    assert_eq!(body["usage"]["replayedSteps"], 2, "{body}");
 });
+
+// The same incident without the journal: the loop retry restarts, round 1 is asked
+// again, and the charge key turns its second charge into a read.
+both_backends!(
+    the_articles_incident_without_the_journal_restarts_and_charges_once,
+    |backend| async move {
+        let h = Harness::with(backend, "timeout@2x3", |s| {
+            matrix_settings(s, Column::Restart)
+        })
+        .await;
+        let reply = h.checkout("A-101", "42.50").await;
+        assert_eq!(reply.status, 200, "{}", reply.text());
+        let body = reply.json();
+        assert_eq!(
+            (body["attempts"].as_u64(), body["charged"].as_bool()),
+            (Some(2), Some(true))
+        );
+        assert_eq!(h.db.receipts("A-101").await, 1);
+        assert_eq!(h.model.requests(), 6);
+        assert_eq!(
+            (h.model.requests_at_round(1), h.model.requests_at_round(2)),
+            (2, 4)
+        );
+        assert_eq!(body["usage"]["replayedSteps"], 0, "{body}");
+    }
+);
 
 /// The article's other run: a wrong API key. One request, not three (and not nine).
 #[tokio::test]
@@ -245,7 +333,7 @@ async fn a_bad_api_key_is_one_request_and_a_502() {
     )
     .await
     .unwrap();
-    let mut settings = common::test_settings(&db, &model);
+    let mut settings = crate::common::test_settings(&db, &model);
     settings.model.api_key = Some(checkout::secret::Secret::new("sk-wrong"));
     let h = Harness::serve(db, model, settings).await;
     let problem = h.checkout("K-1", "1.00").await.problem(502);
@@ -347,10 +435,10 @@ async fn the_retry_budget_stops_a_storm() {
     assert_eq!(h.db.all_receipts().await, 0);
 }
 
-/// The loop timeout cuts a slow attempt after its charge; the next attempt charges with
-/// the same key and gets the same receipt.
+/// The loop timeout cuts a slow attempt after its charge; the next attempt resumes from
+/// the journal, and the order keeps its one receipt.
 #[tokio::test]
-async fn a_loop_timeout_after_the_charge_restarts_the_loop_without_a_second_charge() {
+async fn a_loop_timeout_after_the_charge_resumes_the_loop_without_a_second_charge() {
     let tune = |s: &mut Settings, retries| {
         s.request.timeout = Duration::from_millis(500);
         s.r#loop.retry.timeout = Duration::from_millis(700);
@@ -361,7 +449,9 @@ async fn a_loop_timeout_after_the_charge_restarts_the_loop_without_a_second_char
     assert_eq!(reply.status, 200, "{}", reply.text());
     assert_eq!(reply.json()["attempts"], 2);
     assert_eq!(h.db.receipts("LT-1").await, 1);
-    assert_eq!(h.model.requests(), 4);
+    // Attempt 2 resumes after the charge: round 2 is asked again, round 1 is not.
+    assert_eq!(h.model.requests(), 3);
+    assert_eq!(h.model.requests_at_round(1), 1);
 
     let h = Harness::with(Backend::Sqlite, "slow=400@1x1,slow=400@2x1", |s| tune(s, 0)).await;
     let problem = h.checkout("LT-2", "1.00").await.problem(504);

@@ -1,13 +1,11 @@
 //! Real processes on one Postgres: a process killed (SIGKILL) at each point of a keyed
 //! checkout, then the client's retry to another instance; and one key spread over two.
 
-mod common;
-
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use crate::common::{Backend, Process, Reply, TestDb, client, post, scripted, until};
 use checkout::model::scripted::FaultRule;
-use common::{Backend, Process, Reply, TestDb, client, post, scripted};
 
 const KEY: (&str, &str) = ("idempotency-key", "crash-test-key");
 
@@ -70,14 +68,6 @@ impl Cluster {
             tokio::time::sleep(Duration::from_secs(wait)).await;
         }
     }
-
-    async fn until(&self, what: &str, mut done: impl AsyncFnMut() -> bool) {
-        let deadline = Instant::now() + Duration::from_secs(15);
-        while !done().await {
-            assert!(Instant::now() < deadline, "timed out waiting until {what}");
-            tokio::time::sleep(Duration::from_millis(10)).await;
-        }
-    }
 }
 
 /// Kills `victim` with SIGKILL while its checkout is in flight.
@@ -95,8 +85,7 @@ async fn killed_before_the_charge_the_retry_charges_once() {
     let c = Cluster::new("slow=3000@1x1").await;
     let (victim, survivor) = (c.instance(), c.instance());
     let lost = c.start_checkout(&victim);
-    c.until("round 1 is asked", async || c.model.requests() == 1)
-        .await;
+    until("round 1 is asked", async || c.model.requests() == 1).await;
     kill(victim);
     let _ = lost.await;
     assert_eq!(
@@ -120,7 +109,7 @@ async fn killed_after_the_charge_before_the_answer_the_retry_charges_once() {
     let c = Cluster::new("slow=3000@2x1").await;
     let (victim, survivor) = (c.instance(), c.instance());
     let lost = c.start_checkout(&victim);
-    c.until("round 2 is asked, after the charge", async || {
+    until("round 2 is asked, after the charge", async || {
         c.model.requests() == 2
     })
     .await;
@@ -136,7 +125,21 @@ async fn killed_after_the_charge_before_the_answer_the_retry_charges_once() {
         "the charge is this operation's, made by the dead instance"
     );
     assert_eq!(c.db.receipts("K-1").await, 1);
-    assert_eq!(c.model.requests(), 2 + 2);
+    // The survivor resumes from the journal: round 1's answer and the charge's result
+    // are replayed, and only round 2 is asked again.
+    assert_eq!(c.model.requests(), 2 + 1);
+    assert_eq!(
+        c.model.requests_at_round(1),
+        1,
+        "round 1 is not asked again"
+    );
+    assert_eq!(
+        (
+            body["usage"]["modelRequests"].as_u64(),
+            body["usage"]["replayedSteps"].as_u64()
+        ),
+        (Some(1), Some(2))
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -144,19 +147,19 @@ async fn killed_while_saving_the_answer_the_retry_gets_the_committed_answer() {
     let c = Cluster::new("slow=500@1x1").await;
     let (victim, survivor) = (c.instance(), c.instance());
     let lost = c.start_checkout(&victim);
-    c.until("round 1 is asked", async || c.model.requests() == 1)
-        .await;
+    until("round 1 is asked", async || c.model.requests() == 1).await;
 
     // Hold the key's row, so that the victim's save waits on it: then kill the victim
-    // in the middle of saving, and let go.
+    // in the middle of saving, and let go. A share lock: the journal's appends (which
+    // share-lock the row too) go on, the save's UPDATE waits.
     let pool = sqlx::PgPool::connect(&c.db.url).await.unwrap();
     let mut hold = pool.begin().await.unwrap();
-    sqlx::query("SELECT 1 FROM idempotency_keys WHERE key = $1 FOR UPDATE")
+    sqlx::query("SELECT 1 FROM idempotency_keys WHERE key = $1 FOR SHARE")
         .bind(KEY.1)
         .execute(&mut *hold)
         .await
         .unwrap();
-    c.until("the victim is saving its answer", async || {
+    until("the victim is saving its answer", async || {
         let waiting: i64 = sqlx::query_scalar(
             "SELECT count(*) FROM pg_stat_activity \
              WHERE wait_event_type = 'Lock' AND query LIKE 'UPDATE idempotency_keys SET status%'",
@@ -222,4 +225,53 @@ async fn twenty_concurrent_requests_with_one_key_over_two_instances_run_the_loop
             "both instances replay the same bytes"
         );
     }
+}
+
+/// Two instances race to resume one operation. The first is paused (SIGSTOP) after its
+/// charge, waiting on round 2; its lease lapses and the client's retry to the second
+/// instance takes the key over and resumes from the journal. When the first wakes up,
+/// the journal refuses its round-2 answer (its fence is no longer the key's), and it
+/// stops: one receipt, one journal, the second instance's answer saved.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_paused_instance_that_lost_its_lease_stops_and_the_other_resumes() {
+    let c = Cluster::new("slow=2000@2x1").await;
+    let (first, second) = (c.instance(), c.instance());
+    let late = c.start_checkout(&first);
+    until("round 2 is asked, after the charge", async || {
+        c.model.requests() == 2
+    })
+    .await;
+    first.signal("STOP");
+
+    let reply = c.retry_until_done(&second).await;
+    assert_eq!(reply.status, 200, "{}", reply.text());
+    let body = reply.json();
+    assert_eq!(body["charged"], true);
+    assert_eq!(body["usage"]["replayedSteps"], 2, "{body}");
+    assert_eq!(c.model.requests(), 3, "round 2 asked again, round 1 not");
+    assert_eq!(c.model.requests_at_round(1), 1);
+
+    first.signal("CONT");
+    let late = late.await.unwrap();
+    let problem = late.problem(409);
+    assert_eq!(problem["code"], "in_flight");
+    assert!(
+        problem["detail"]
+            .as_str()
+            .unwrap()
+            .starts_with("another instance took this operation over"),
+        "{problem}"
+    );
+    assert_eq!(c.db.receipts("K-1").await, 1);
+    assert_eq!(
+        c.db.count("SELECT count(*) FROM agent_journal", None).await,
+        3,
+        "steps 1 and 2 by the first instance, step 3 by the second; none after"
+    );
+    let replay = c.checkout(&second).await;
+    assert_eq!(replay.header("idempotent-replayed"), Some("true"));
+    assert_eq!(
+        replay.body, reply.body,
+        "the second instance's answer is the one saved"
+    );
 }

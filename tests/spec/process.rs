@@ -1,13 +1,11 @@
 //! What needs a real `checkout` process: the embedded defaults, restarts, two instances
 //! on one Postgres, signals, exit codes, logs.
 
-mod common;
-
 use std::sync::Arc;
 use std::time::Duration;
 
+use crate::common::{Backend, Process, Reply, TestDb, client, post, scripted, until};
 use checkout::model::scripted::{Script, ScriptedModel};
-use common::{Backend, Process, Reply, TestDb, client, post, scripted};
 
 async fn checkout(http: &reqwest::Client, process: &Process, order: &str, amount: &str) -> Reply {
     post(
@@ -64,9 +62,30 @@ async fn the_start_up_log_names_every_layer_outermost_first() {
         position("[4] loop timeout: 30000 ms"),
         position("[5] request retry: repeats one model request up to 2 more time(s)"),
         position("[6] request timeout: 10000 ms"),
-        position("it cannot double-charge here because every attempt charges with the charge key"),
     ];
     assert!(order.windows(2).all(|w| w[0] < w[1]), "{logs:#?}");
+    assert!(
+        logs[order[2]].contains("Journal on: a repeat (and a client's retry with the same Idempotency-Key, or another instance's) resumes from the journal"),
+        "{logs:#?}"
+    );
+}
+
+/// With the journal off the loop retry re-runs the tools, and the log says why that is
+/// safe here (the warning the article wished its framework gave).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn with_the_journal_off_the_start_up_log_warns_that_the_loop_retry_reruns_tools() {
+    let dir = tempfile::tempdir().unwrap();
+    let url = format!("sqlite://{}", dir.path().join("checkout.db").display());
+    let process = Process::start(&[("DATABASE_URL", &url), ("CHECKOUT_JOURNAL", "false")]);
+    let logs = process.logs();
+    let line = |needle: &str| logs.iter().position(|l| l.contains(needle));
+    let restart = line("Journal off (CHECKOUT_JOURNAL=false): every repeat starts the loop over");
+    let warning =
+        line("it cannot double-charge here because every attempt charges with the charge key");
+    assert!(
+        matches!((restart, warning), (Some(r), Some(w)) if r < w),
+        "{logs:#?}"
+    );
 }
 
 async fn restart_keeps_the_receipt(backend: Backend) {
@@ -153,9 +172,7 @@ async fn sigterm_lets_an_in_flight_checkout_finish() {
     let http = client();
     let url = process.url("/checkout?orderId=G-1&amount=1.00");
     let in_flight = tokio::spawn(async move { post(&http, &url, &[], None).await });
-    while model.requests() == 0 {
-        tokio::time::sleep(Duration::from_millis(10)).await;
-    }
+    until("round 1 is asked", async || model.requests() > 0).await;
     process.signal("TERM");
     let reply = in_flight.await.unwrap();
     assert_eq!(reply.status, 200, "{}", reply.text());

@@ -1,9 +1,7 @@
 //! POST /checkout through real HTTP, with the scripted model on loopback: the happy path,
 //! the repeated charge, the amount conflict, validation, receipts, health, concurrency.
 
-mod common;
-
-use common::{Backend, Harness, Reply};
+use crate::common::{Backend, Harness, Reply};
 use serde_json::Value;
 
 fn is_uuid_v7(text: &str) -> bool {
@@ -381,7 +379,10 @@ async fn the_openapi_document_describes_every_field_and_error() {
         .keys()
         .map(String::as_str)
         .collect();
-    assert_eq!(statuses, ["200", "400", "409", "422", "502", "503", "504"]);
+    assert_eq!(
+        statuses,
+        ["200", "400", "409", "422", "500", "502", "503", "504"]
+    );
     assert!(post["responses"]["200"]["content"]["text/plain"].is_object());
     assert!(post["responses"]["200"]["content"]["application/json"].is_object());
     // Optional: absent `required` means false in OpenAPI.
@@ -442,7 +443,7 @@ async fn the_served_openapi_document_matches_its_snapshot() {
     let pinned = std::fs::read_to_string(SNAPSHOT).unwrap_or_default();
     if served != pinned {
         panic!(
-            "/api-docs/openapi.json differs from {SNAPSHOT} (- pinned, + served):\n{}\nIf the change is meant, update the snapshot and commit it:\n    UPDATE_SNAPSHOTS=1 cargo test --test checkout the_served_openapi_document_matches_its_snapshot",
+            "/api-docs/openapi.json differs from {SNAPSHOT} (- pinned, + served):\n{}\nIf the change is meant, update the snapshot and commit it:\n    UPDATE_SNAPSHOTS=1 cargo test --test spec the_served_openapi_document_matches_its_snapshot",
             line_diff(&pinned, &served)
         );
     }

@@ -2,8 +2,6 @@
 //! the machine's Postgres), the scripted model on loopback, and the service, either
 //! in-process on port 0 or as a real `checkout` process.
 
-#![allow(dead_code)]
-
 pub mod proxy;
 
 use std::io::{BufRead, BufReader};
@@ -93,6 +91,25 @@ impl TestDb {
         self.count("SELECT count(*) FROM receipts", None).await
     }
 
+    /// Runs one statement that needs no parameters: a test that changes what the
+    /// service wrote, as an operator or a bug might.
+    pub async fn execute(&self, sql: &'static str) -> u64 {
+        match self.backend {
+            Backend::Postgres => {
+                let pool = sqlx::PgPool::connect(&self.url).await.expect("connect");
+                let done = sqlx::query(sql).execute(&pool).await.expect("execute");
+                pool.close().await;
+                done.rows_affected()
+            }
+            Backend::Sqlite => {
+                let pool = sqlx::SqlitePool::connect(&self.url).await.expect("connect");
+                let done = sqlx::query(sql).execute(&pool).await.expect("execute");
+                pool.close().await;
+                done.rows_affected()
+            }
+        }
+    }
+
     /// A `SELECT count(*)` with at most one parameter, `$1`.
     pub async fn count(&self, sql: &'static str, arg: Option<&str>) -> i64 {
         match self.backend {
@@ -164,8 +181,8 @@ pub struct Harness {
     pub model: ScriptedModel,
     pub base: String,
     pub http: reqwest::Client,
-    stop: Option<oneshot::Sender<()>>,
-    served: Option<tokio::task::JoinHandle<std::io::Result<()>>>,
+    /// Dropping the harness drops this sender, and the service shuts down.
+    _stop: oneshot::Sender<()>,
 }
 
 impl Harness {
@@ -189,7 +206,7 @@ impl Harness {
         let base = format!("http://{}", listener.local_addr().unwrap());
         let app = App::build(settings).await.expect("the service starts");
         let (stop, stopped) = oneshot::channel::<()>();
-        let served = tokio::spawn(app.serve(listener, async {
+        tokio::spawn(app.serve(listener, async {
             let _ = stopped.await;
         }));
         Harness {
@@ -197,21 +214,7 @@ impl Harness {
             model,
             base,
             http: client(),
-            stop: Some(stop),
-            served: Some(served),
-        }
-    }
-
-    /// Stops the service and waits until it has finished its in-flight requests.
-    pub async fn stop(&mut self) {
-        if let Some(stop) = self.stop.take() {
-            let _ = stop.send(());
-        }
-        if let Some(served) = self.served.take() {
-            served
-                .await
-                .expect("the server task")
-                .expect("the server stops cleanly");
+            _stop: stop,
         }
     }
 
@@ -438,8 +441,16 @@ impl Drop for Process {
     }
 }
 
+/// Waits until `done` holds, checking every 5 ms; fails the test naming `what` after 15 s.
+pub async fn until(what: &str, mut done: impl AsyncFnMut() -> bool) {
+    let deadline = Instant::now() + Duration::from_secs(15);
+    while !done().await {
+        assert!(Instant::now() < deadline, "timed out waiting until {what}");
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+}
+
 /// Runs a test body once against SQLite and once against Postgres.
-#[macro_export]
 macro_rules! both_backends {
     ($name:ident, $body:expr) => {
         mod $name {

@@ -3,9 +3,7 @@
 //! has the command that recorded each), and the forms other servers use, as quirks of the
 //! fault plan. Each test states the answer, the receipts and the model requests it expects.
 
-mod common;
-
-use common::{Backend, Harness, Reply};
+use crate::common::{Backend, Harness, Reply};
 
 const RECORDED: &str = "tests/fixtures/llama-server";
 

@@ -1,15 +1,13 @@
 //! `Idempotency-Key` on POST /checkout, through HTTP: replay, key reuse, in-flight,
 //! expiry, which outcomes are saved, and the lease with its fencing token.
 
-mod common;
-
 use std::sync::Arc;
 use std::time::Duration;
 
+use crate::common::{Backend, Harness, Reply, TestDb, until};
 use checkout::db::{Database, PoolSettings};
 use checkout::idempotency::{self, Begin, Fingerprint, Records, Saved};
 use checkout::payments::{Currency, Money, Order, OrderId};
-use common::{Backend, Harness, Reply, TestDb};
 
 const KEY: (&str, &str) = ("idempotency-key", "\"order-7-attempt\"");
 
@@ -75,9 +73,7 @@ both_backends!(
             let h = h.clone();
             async move { keyed(&h, "I-4", "3.00").await }
         });
-        while h.model.requests() == 0 {
-            tokio::time::sleep(Duration::from_millis(5)).await;
-        }
+        until("round 1 is asked", async || h.model.requests() > 0).await;
         let busy = keyed(&h, "I-4", "3.00").await;
         assert_eq!(busy.problem(409)["code"], "in_flight");
         assert_eq!(

@@ -3,12 +3,10 @@
 //! request, and Idempotency-Keys new, replayed, in flight and reused — and the exact
 //! counts the scrape must show for it.
 
-mod common;
-
 use std::time::Duration;
 
+use crate::common::{Backend, Harness};
 use checkout::model::scripted::FaultRule;
-use common::{Backend, Harness};
 
 /// The value of one series (`name{labels}` exactly as exposed), or `None` when absent.
 fn sample(text: &str, series: &str) -> Option<f64> {
@@ -68,9 +66,9 @@ async fn the_scrape_counts_exactly_the_checkouts_retries_timeouts_and_keys_made(
     h.model.set_faults(faults("slow=500@1x1"));
     let slow = {
         let (http, url) = (h.http.clone(), h.url("/checkout?orderId=A-6&amount=3"));
-        tokio::spawn(
-            async move { common::post(&http, &url, &[("Idempotency-Key", "k-6")], None).await },
-        )
+        tokio::spawn(async move {
+            crate::common::post(&http, &url, &[("Idempotency-Key", "k-6")], None).await
+        })
     };
     while h.model.requests() < 12 {
         tokio::time::sleep(Duration::from_millis(5)).await;

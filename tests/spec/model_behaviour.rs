@@ -1,14 +1,12 @@
 //! What the loop does with a model that misbehaves, played by the scripted model.
 //! Each test states the answer, the receipts, and the model requests it expects.
 
-mod common;
-
-use common::{Backend, Harness};
+use crate::common::{Backend, Harness};
 
 async fn run(
     faults: &str,
     tune: impl FnOnce(&mut checkout::config::Settings),
-) -> (Harness, common::Reply) {
+) -> (Harness, crate::common::Reply) {
     let h = Harness::with(Backend::Sqlite, faults, tune).await;
     let reply = h.checkout("M-1", "42.50").await;
     (h, reply)

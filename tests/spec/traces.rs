@@ -5,8 +5,6 @@
 //! collector, decoding the OTLP/HTTP protobuf body with opentelemetry-proto's types, so the
 //! test can read every span the exporter sent.
 
-mod common;
-
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
@@ -25,7 +23,7 @@ use opentelemetry_proto::tonic::trace::v1::span::SpanKind;
 use opentelemetry_proto::tonic::trace::v1::status::StatusCode as SpanStatus;
 use prost::Message;
 
-use common::Process;
+use crate::common::Process;
 
 /// What the fake collector received: the spans, and each export's service name.
 #[derive(Clone, Default)]
@@ -104,7 +102,7 @@ fn hex(bytes: &[u8]) -> String {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_checkout_with_one_request_retry_exports_one_agent_span_with_its_chats_and_tool() {
     // The model answers the first request 503: the request retry sends it again.
-    let model = common::scripted("503@1x1").await;
+    let model = crate::common::scripted("503@1x1").await;
     let received = Received::default();
     let endpoint = collector(received.clone()).await;
     let dir = tempfile::tempdir().unwrap();
@@ -117,8 +115,8 @@ async fn a_checkout_with_one_request_retry_exports_one_agent_span_with_its_chats
         ("CHECKOUT_REQUEST_BACKOFF_MS", "5"),
         ("CHECKOUT_REQUEST_BACKOFF_MAX_MS", "20"),
     ]);
-    let reply = common::post(
-        &common::client(),
+    let reply = crate::common::post(
+        &crate::common::client(),
         &service.url("/checkout?orderId=T-1&amount=12.50"),
         &[],
         None,
@@ -245,15 +243,15 @@ async fn a_checkout_with_one_request_retry_exports_one_agent_span_with_its_chats
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn without_an_otlp_endpoint_no_traceparent_is_sent() {
-    let model = common::scripted("").await;
+    let model = crate::common::scripted("").await;
     let dir = tempfile::tempdir().unwrap();
     let db = format!("sqlite://{}", dir.path().join("checkout.db").display());
     let service = Process::start(&[
         ("DATABASE_URL", &db),
         ("OPENAI_BASE_URL", &model.base_url()),
     ]);
-    let reply = common::post(
-        &common::client(),
+    let reply = crate::common::post(
+        &crate::common::client(),
         &service.url("/checkout?orderId=T-2&amount=1"),
         &[],
         None,

@@ -1,14 +1,12 @@
 //! One contract, two stores: every case runs against Postgres and against SQLite.
 
-mod common;
-
 use std::sync::Arc;
 
+use crate::common::{Backend, TestDb};
 use checkout::db::{Database, PoolSettings};
 use checkout::payments::{
     ChargeOutcome, Currency, Money, OperationKey, Order, OrderId, Receipt, Receipts,
 };
-use common::{Backend, TestDb};
 
 fn order(id: &str, amount: &str, currency: &str) -> Order {
     let currency = Currency::parse(currency).unwrap();

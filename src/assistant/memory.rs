@@ -1,0 +1,243 @@
+//! The loop's memory of an operation: its journal, read at the start of every loop
+//! attempt to resume where the last one stopped, and written step by step as it goes.
+//!
+//! A step is a model answer or a tool result, numbered 1, 2, … after the opening prompt.
+//! A model answer is committed before any tool it asks for runs; a charge's result
+//! commits with its receipt (the tool hands the gateway the entry); only final outcomes
+//! are written: a failed request, a timeout or a database error leaves the step open, so
+//! it runs again. The first answer pins what the journal is valid for (the request, the
+//! model, the prompt and the tools); under other pins the operation starts afresh, which
+//! is safe because every effect is keyed.
+
+use serde_json::json;
+use sha2::{Digest, Sha256};
+
+use super::context::CheckoutContext;
+use super::error::JournalFailure;
+use crate::idempotency::Fingerprint;
+use crate::journal::{Entry, EntryKind, Journal, NewEntry};
+use crate::model::wire::{AssistantMessage, ChatRequest, TokenUsage, ToolCall};
+
+/// The journal, or nothing when it is turned off (`CHECKOUT_JOURNAL=false`: every loop
+/// attempt starts over, as before).
+#[derive(Clone, Debug)]
+pub struct Memory {
+    journal: Option<Journal>,
+    /// How long entries are kept: the Idempotency-Key time to live.
+    ttl_ms: i64,
+}
+
+impl Memory {
+    pub fn new(journal: Option<Journal>, ttl: std::time::Duration) -> Memory {
+        Memory {
+            journal,
+            ttl_ms: i64::try_from(ttl.as_millis()).unwrap_or(i64::MAX),
+        }
+    }
+
+    pub fn is_on(&self) -> bool {
+        self.journal.is_some()
+    }
+
+    /// The steps this operation has journaled under these pins. Under other pins its
+    /// journal is discarded and the loop starts afresh.
+    ///
+    /// The first loop attempt of a new operation has nothing to read, and does not ask: a
+    /// minted operation key is new, and so is an Idempotency-Key whose record this request
+    /// made (fence 1: a takeover raises it, and a record is forgotten with its journal).
+    pub async fn recall(
+        &self,
+        ctx: &CheckoutContext,
+        pins: &str,
+        attempt: u32,
+    ) -> Result<Replay, JournalFailure> {
+        let Some(journal) = &self.journal else {
+            return Ok(Replay::default());
+        };
+        let key = ctx.journal_key();
+        if attempt == 1 && key.fence.is_none_or(|fence| fence == 1) {
+            return Ok(Replay::default());
+        }
+        let entries = journal.load(&key.scope, &key.operation_key).await?;
+        let Some(first) = entries.first() else {
+            return Ok(Replay::default());
+        };
+        if first.step == 1 && first.pins.as_deref() == Some(pins) {
+            tracing::info!(
+                steps = entries.len(),
+                "resuming the loop from the journal: its steps are replayed, not run again"
+            );
+            return Ok(Replay {
+                entries: entries.into_iter().rev().collect(),
+            });
+        }
+        tracing::warn!(
+            steps = entries.len(),
+            journaled = first.pins.as_deref().unwrap_or("none"),
+            now = pins,
+            "the journal was made under other pins (request, model, prompt or tools); starting afresh, every effect keyed as before"
+        );
+        if !journal.discard(key).await? {
+            return Err(JournalFailure::LeaseLost);
+        }
+        Ok(Replay::default())
+    }
+
+    /// Writes `entry` (if the journal is on) and waits for its commit.
+    pub async fn remember(&self, entry: Option<NewEntry>) -> Result<(), JournalFailure> {
+        let (Some(journal), Some(entry)) = (&self.journal, entry) else {
+            return Ok(());
+        };
+        if journal.append(entry).await? {
+            Ok(())
+        } else {
+            Err(JournalFailure::LeaseLost)
+        }
+    }
+
+    /// The entry of a model answer at `step`; the first carries the pins.
+    pub fn answer(
+        &self,
+        ctx: &CheckoutContext,
+        step: i64,
+        message: &AssistantMessage,
+        usage: Option<TokenUsage>,
+        pins: &str,
+    ) -> Option<NewEntry> {
+        let tokens = |n: u64| i64::try_from(n).ok();
+        Some(NewEntry {
+            kind: EntryKind::Answer,
+            name: String::new(),
+            call_id: None,
+            body: serde_json::to_string(message).expect("answers serialize"),
+            pins: (step == 1).then(|| pins.to_owned()),
+            input_tokens: usage.and_then(|u| tokens(u.prompt_tokens)),
+            output_tokens: usage.and_then(|u| tokens(u.completion_tokens)),
+            ..self.entry(ctx, step)?
+        })
+    }
+
+    /// The entry of a tool call's result at `step`.
+    pub fn tool(
+        &self,
+        ctx: &CheckoutContext,
+        step: i64,
+        call: &ToolCall,
+        content: String,
+    ) -> Option<NewEntry> {
+        Some(NewEntry {
+            kind: EntryKind::Tool,
+            name: call.function.name.clone(),
+            call_id: Some(call.id.clone()),
+            body: content,
+            ..self.entry(ctx, step)?
+        })
+    }
+
+    fn entry(&self, ctx: &CheckoutContext, step: i64) -> Option<NewEntry> {
+        self.journal.as_ref()?;
+        Some(NewEntry {
+            key: ctx.journal_key().clone(),
+            step,
+            kind: EntryKind::Answer,
+            name: String::new(),
+            call_id: None,
+            body: String::new(),
+            pins: None,
+            input_tokens: None,
+            output_tokens: None,
+            ttl_ms: self.ttl_ms,
+        })
+    }
+}
+
+/// What a journal is valid for: the request (its fingerprint), the model, and the exact
+/// opening prompt and tool schemas (hashed), as the loop is about to send them.
+pub fn pins(ctx: &CheckoutContext, opening: &ChatRequest) -> String {
+    let mut prompt = Sha256::new();
+    prompt.update(serde_json::to_vec(&opening.messages).expect("messages serialize"));
+    prompt.update(serde_json::to_vec(&opening.tools).expect("tools serialize"));
+    let digest: String = prompt
+        .finalize()
+        .iter()
+        .map(|b| format!("{b:02x}"))
+        .collect();
+    json!({
+        "request": Fingerprint::of_checkout(ctx.order()).as_str(),
+        "model": opening.model,
+        "prompt": &digest[..16],
+    })
+    .to_string()
+}
+
+/// The journaled steps not yet replayed, next first.
+#[derive(Debug, Default)]
+pub struct Replay {
+    /// In reverse order: the next step is the last.
+    entries: Vec<Entry>,
+}
+
+impl Replay {
+    /// The journaled model answer at `step`, if the journal reaches it.
+    pub fn answer(&mut self, step: i64) -> Result<Option<AssistantMessage>, JournalFailure> {
+        let Some(entry) = self.next(step)? else {
+            return Ok(None);
+        };
+        if entry.kind != EntryKind::Answer.as_str() {
+            return Err(mismatch(
+                step,
+                format!(
+                    "the journal has a result of tool {:?} where the model's answer belongs",
+                    entry.name
+                ),
+            ));
+        }
+        serde_json::from_str(&entry.body)
+            .map(Some)
+            .map_err(|err| mismatch(step, format!("the journaled answer does not read: {err}")))
+    }
+
+    /// The journaled result of `call` at `step`, if the journal reaches it.
+    pub fn tool(&mut self, step: i64, call: &ToolCall) -> Result<Option<String>, JournalFailure> {
+        let Some(entry) = self.next(step)? else {
+            return Ok(None);
+        };
+        if entry.kind != EntryKind::Tool.as_str() {
+            return Err(mismatch(
+                step,
+                format!(
+                    "the journal has a model answer where the result of tool {:?} belongs",
+                    call.function.name
+                ),
+            ));
+        }
+        if entry.name != call.function.name || entry.call_id.as_deref() != Some(&call.id) {
+            return Err(mismatch(
+                step,
+                format!(
+                    "the journal has the result of tool {:?} (call {}), the replayed answer calls {:?} (call {})",
+                    entry.name,
+                    entry.call_id.as_deref().unwrap_or("none"),
+                    call.function.name,
+                    call.id
+                ),
+            ));
+        }
+        Ok(Some(entry.body))
+    }
+
+    fn next(&mut self, step: i64) -> Result<Option<Entry>, JournalFailure> {
+        match self.entries.last() {
+            None => Ok(None),
+            Some(entry) if entry.step == step => Ok(self.entries.pop()),
+            Some(entry) => Err(mismatch(
+                step,
+                format!("the journal's next step is {}", entry.step),
+            )),
+        }
+    }
+}
+
+fn mismatch(step: i64, detail: String) -> JournalFailure {
+    JournalFailure::Mismatch { step, detail }
+}

@@ -1,0 +1,51 @@
+//! A finished answer: the one value every handler's outcome becomes, sent to the client
+//! and saved under an Idempotency-Key.
+
+use axum::body::{Body, Bytes};
+use axum::http::{HeaderValue, StatusCode, header};
+use axum::response::{IntoResponse, Response};
+use serde::Serialize;
+
+/// A finished answer: what is sent, and what an idempotency record saves for replay.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Answer {
+    pub status: StatusCode,
+    pub content_type: String,
+    pub body: Bytes,
+    pub retry_after: Option<u64>,
+    /// A final outcome, saved under an Idempotency-Key and replayed: the same request
+    /// would end the same way. Transient failures are not: a retry may well succeed.
+    pub final_outcome: bool,
+}
+
+impl Answer {
+    pub fn new(status: StatusCode, content_type: &str, body: impl Into<Bytes>) -> Self {
+        Answer {
+            status,
+            content_type: content_type.to_owned(),
+            body: body.into(),
+            retry_after: None,
+            final_outcome: status.is_success(),
+        }
+    }
+
+    pub fn json(status: StatusCode, body: &impl Serialize) -> Self {
+        let body = serde_json::to_vec(body).expect("answers always serialize");
+        Answer::new(status, "application/json", body)
+    }
+}
+
+impl IntoResponse for Answer {
+    fn into_response(self) -> Response {
+        let mut response = Response::new(Body::from(self.body));
+        *response.status_mut() = self.status;
+        let headers = response.headers_mut();
+        if let Ok(value) = HeaderValue::from_str(&self.content_type) {
+            headers.insert(header::CONTENT_TYPE, value);
+        }
+        if let Some(seconds) = self.retry_after {
+            headers.insert(header::RETRY_AFTER, HeaderValue::from(seconds));
+        }
+        response
+    }
+}

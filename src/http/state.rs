@@ -1,0 +1,92 @@
+//! What every handler shares: the settings, the database, the gateway, the idempotency
+//! records, the assistant, and which model provider is in use.
+
+use std::sync::Arc;
+
+use serde::Serialize;
+use utoipa::ToSchema;
+
+use crate::assistant::Assistant;
+use crate::config::Settings;
+use crate::db::Database;
+use crate::idempotency::Records;
+use crate::metrics::Metrics;
+use crate::payments::PaymentGateway;
+
+/// What every handler shares.
+#[derive(Clone)]
+pub struct AppState(Arc<Shared>);
+
+struct Shared {
+    settings: Settings,
+    db: Database,
+    gateway: PaymentGateway,
+    records: Records,
+    assistant: Assistant,
+    model: ModelInfo,
+    metrics: Metrics,
+}
+
+impl AppState {
+    pub fn new(
+        settings: Settings,
+        db: Database,
+        gateway: PaymentGateway,
+        assistant: Assistant,
+        model: ModelInfo,
+        metrics: Metrics,
+    ) -> Self {
+        AppState(Arc::new(Shared {
+            records: Records::new(&db),
+            settings,
+            db,
+            gateway,
+            assistant,
+            model,
+            metrics,
+        }))
+    }
+
+    pub fn metrics(&self) -> &Metrics {
+        &self.0.metrics
+    }
+
+    pub fn settings(&self) -> &Settings {
+        &self.0.settings
+    }
+
+    pub fn db(&self) -> &Database {
+        &self.0.db
+    }
+
+    pub fn gateway(&self) -> &PaymentGateway {
+        &self.0.gateway
+    }
+
+    pub fn records(&self) -> &Records {
+        &self.0.records
+    }
+
+    pub fn assistant(&self) -> &Assistant {
+        &self.0.assistant
+    }
+
+    pub fn model_info(&self) -> &ModelInfo {
+        &self.0.model
+    }
+}
+
+/// Which model provider the service talks to.
+#[derive(Clone, Debug, Serialize, ToSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct ModelInfo {
+    /// `scripted` (the built-in scripted model: no real provider is configured) or
+    /// `openai-compatible`.
+    #[schema(example = "scripted")]
+    pub provider: &'static str,
+    pub base_url: String,
+    pub model: String,
+    /// Said plainly when the scripted model is in use.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub warning: Option<&'static str>,
+}

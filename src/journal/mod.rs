@@ -1,0 +1,362 @@
+//! The `agent_journal` table: an operation's model answers and tool results, in order,
+//! under (caller scope, operation key, step). The assistant reads it to resume a loop
+//! where it stopped (`assistant::memory`); this module only stores rows.
+//!
+//! Rows are appended through a group writer (one statement, one commit for every row
+//! that arrives together), and a charge's own row commits with its receipt
+//! (`payments::store::receipts`). Only the holder of the operation's lease appends: a row
+//! names the fence it holds, and a row whose fence is no longer the record's is not
+//! written. Rows expire with the operation's Idempotency-Key record and are swept with it.
+
+use std::cmp::Ordering;
+use std::collections::HashSet;
+
+use sqlx::QueryBuilder;
+use sqlx::postgres::{PgArguments, Postgres};
+use sqlx::query::QueryAs;
+
+use crate::db::{Conn, Database, GroupWrite, GroupWriter, StoreError, on_conn};
+
+/// Which journal, and the right to append to it.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct JournalKey {
+    pub scope: String,
+    pub operation_key: String,
+    /// The fence of the operation's Idempotency-Key lease; `None` for an operation
+    /// without a key (its minted key is its own, and nobody else can reach it).
+    pub fence: Option<i64>,
+}
+
+/// A row about to be appended.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct NewEntry {
+    pub key: JournalKey,
+    pub step: i64,
+    pub kind: EntryKind,
+    /// The tool's name; empty for an answer.
+    pub name: String,
+    pub call_id: Option<String>,
+    pub body: String,
+    pub pins: Option<String>,
+    pub input_tokens: Option<i64>,
+    pub output_tokens: Option<i64>,
+    /// How long the row is kept (the Idempotency-Key time to live), in milliseconds.
+    pub ttl_ms: i64,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum EntryKind {
+    Answer,
+    Tool,
+}
+
+impl EntryKind {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            EntryKind::Answer => "answer",
+            EntryKind::Tool => "tool",
+        }
+    }
+}
+
+/// A row as read back.
+#[derive(Clone, Debug, PartialEq, Eq, sqlx::FromRow)]
+pub struct Entry {
+    pub step: i64,
+    pub kind: String,
+    pub name: String,
+    pub call_id: Option<String>,
+    pub body: String,
+    pub pins: Option<String>,
+    pub input_tokens: Option<i64>,
+    pub output_tokens: Option<i64>,
+}
+
+/// The journal of the service's database, with the task that appends rows in groups.
+#[derive(Clone, Debug)]
+pub struct Journal {
+    db: Database,
+    writer: GroupWriter<Entries>,
+}
+
+impl Journal {
+    pub fn new(db: &Database) -> Journal {
+        Journal {
+            db: db.clone(),
+            writer: GroupWriter::start(db, Entries),
+        }
+    }
+
+    /// Appends `entry` with the next group. False when it was not written: the lease is
+    /// no longer the entry's, or another writer has this step.
+    pub async fn append(&self, entry: NewEntry) -> Result<bool, StoreError> {
+        self.writer.write(entry).await
+    }
+
+    /// The journal of an operation, step by step.
+    pub async fn load(&self, scope: &str, operation_key: &str) -> Result<Vec<Entry>, StoreError> {
+        let mut conn = self.db.acquire().await?;
+        Ok(on_conn!(conn.conn(), c => sqlx::query_as(LOAD)
+            .bind(scope)
+            .bind(operation_key)
+            .fetch_all(c)
+            .await?))
+    }
+
+    /// Deletes an operation's journal to start afresh; false when nothing was deleted
+    /// (the lease is no longer ours, or there was nothing to delete).
+    pub async fn discard(&self, key: &JournalKey) -> Result<bool, StoreError> {
+        let mut conn = self.db.acquire().await?;
+        let deleted = on_conn!(conn.conn(), c => sqlx::query(DISCARD)
+            .bind(&key.scope)
+            .bind(&key.operation_key)
+            .bind(key.fence)
+            .execute(c)
+            .await?
+            .rows_affected());
+        Ok(deleted > 0)
+    }
+}
+
+const LOAD: &str = "\
+    SELECT step, kind, name, call_id, body, pins, input_tokens, output_tokens \
+    FROM agent_journal WHERE scope = $1 AND operation_key = $2 ORDER BY step";
+
+const DISCARD: &str = "\
+    DELETE FROM agent_journal WHERE scope = $1 AND operation_key = $2 \
+    AND (CAST($3 AS BIGINT) IS NULL OR EXISTS (SELECT 1 FROM idempotency_keys k \
+    WHERE k.scope = $1 AND k.key = $2 AND k.fence = $3 AND k.status IS NULL))";
+
+const FORGET: &str = "DELETE FROM agent_journal WHERE scope = $1 AND operation_key = $2";
+
+const SWEEP: &str = "DELETE FROM agent_journal WHERE expires_at <= (SELECT now_ms FROM clock)";
+
+/// Deletes an operation's journal (its Idempotency-Key record is being forgotten).
+pub async fn forget(conn: Conn<'_>, scope: &str, operation_key: &str) -> Result<(), StoreError> {
+    on_conn!(conn, c => sqlx::query(FORGET).bind(scope).bind(operation_key).execute(c).await.map(drop)?);
+    Ok(())
+}
+
+/// Deletes expired rows; how many.
+pub async fn sweep(conn: Conn<'_>) -> Result<u64, StoreError> {
+    Ok(on_conn!(conn, c => sqlx::query(SWEEP).execute(c).await?.rows_affected()))
+}
+
+/// The columns an insert names, in the order both dialects give the values.
+macro_rules! columns {
+    () => {
+        "scope, operation_key, step, kind, name, call_id, body, pins, input_tokens, output_tokens, expires_at"
+    };
+}
+
+/// A row goes in when it holds the lease: no fence (an operation without a key), or the
+/// fence of an unfinished record. On Postgres the record is share-locked, so a takeover
+/// waits for this insert's commit, or this insert sees the takeover and writes nothing.
+macro_rules! holds_lease {
+    ($lock:literal) => {
+        concat!(
+            "(e.fence IS NULL OR EXISTS (SELECT 1 FROM idempotency_keys k ",
+            "WHERE k.scope = e.scope AND k.key = e.operation_key AND k.fence = e.fence ",
+            "AND k.status IS NULL",
+            $lock,
+            "))"
+        )
+    };
+}
+
+/// An insert of rows given as Postgres arrays (one statement for a group of any size,
+/// prepared once), the arrays being the 13 parameters named, in the order of
+/// [`PgEntries::bind`], and written only where `$filter` holds.
+macro_rules! pg_insert {
+    ($p:literal, $filter:expr) => {
+        concat!(
+            "INSERT INTO agent_journal (",
+            $crate::journal::columns!(),
+            ") SELECT e.scope, e.operation_key, e.step, e.kind, e.name, e.call_id, e.body, e.pins, ",
+            "e.input_tokens, e.output_tokens, clock.now_ms + e.ttl_ms FROM UNNEST(",
+            $p,
+            ") AS e(receipt, scope, operation_key, step, kind, name, call_id, body, pins, ",
+            "input_tokens, output_tokens, ttl_ms, fence) CROSS JOIN clock WHERE ",
+            $filter,
+            " ON CONFLICT (scope, operation_key, step) DO NOTHING"
+        )
+    };
+}
+
+const PG_INSERT: &str = concat!(
+    pg_insert!(
+        "$1::text[], $2::text[], $3::text[], $4::int8[], $5::text[], $6::text[], $7::text[], \
+         $8::text[], $9::text[], $10::int8[], $11::int8[], $12::int8[], $13::int8[]",
+        holds_lease!(" FOR SHARE")
+    ),
+    " RETURNING scope, operation_key, step"
+);
+
+/// The journal half of the receipts' group insert on Postgres (`$7 … $19`, after the six
+/// receipt arrays): a data-modifying CTE that writes the rows of the receipts its
+/// `charged` CTE inserted, in the same statement and so the same commit.
+macro_rules! pg_with_charged {
+    () => {
+        concat!(
+            "journaled AS (",
+            $crate::journal::pg_insert!(
+                "$7::text[], $8::text[], $9::text[], $10::int8[], $11::text[], $12::text[], $13::text[], \
+                 $14::text[], $15::text[], $16::int8[], $17::int8[], $18::int8[], $19::int8[]",
+                concat!(
+                    "e.receipt IN (SELECT id FROM charged) AND ",
+                    $crate::journal::holds_lease!(" FOR SHARE")
+                )
+            ),
+            ")"
+        )
+    };
+}
+pub(crate) use {columns, holds_lease, pg_insert, pg_with_charged};
+
+/// SQLite has no arrays: the rows are a `VALUES` list between these two.
+const SQLITE_INSERT_HEAD: &str = concat!(
+    "INSERT INTO agent_journal (",
+    columns!(),
+    ") SELECT e.column1, e.column2, e.column3, e.column4, e.column5, e.column6, e.column7, ",
+    "e.column8, e.column9, e.column10, (SELECT now_ms FROM clock) + e.column11 FROM ("
+);
+const SQLITE_INSERT_TAIL: &str = concat!(
+    ") AS e WHERE (e.column12 IS NULL OR EXISTS (SELECT 1 FROM idempotency_keys k ",
+    "WHERE k.scope = e.column1 AND k.key = e.column2 AND k.fence = e.column12 AND k.status IS NULL)) ",
+    "ON CONFLICT (scope, operation_key, step) DO NOTHING RETURNING scope, operation_key, step"
+);
+
+/// The group writer's side of the table.
+struct Entries;
+
+impl GroupWrite for Entries {
+    type Row = NewEntry;
+    /// Whether the row was written.
+    type Out = bool;
+
+    fn order(a: &NewEntry, b: &NewEntry) -> Ordering {
+        (&a.key.scope, &a.key.operation_key, a.step).cmp(&(
+            &b.key.scope,
+            &b.key.operation_key,
+            b.step,
+        ))
+    }
+
+    async fn write(&self, conn: Conn<'_>, rows: &[NewEntry]) -> Result<Vec<bool>, StoreError> {
+        let written: Vec<(String, String, i64)> =
+            insert(conn, rows.iter().map(|r| (None, r))).await?;
+        let written: HashSet<(String, String, i64)> = written.into_iter().collect();
+        Ok(rows
+            .iter()
+            .map(|r| written.contains(&(r.key.scope.clone(), r.key.operation_key.clone(), r.step)))
+            .collect())
+    }
+}
+
+/// Inserts rows in one statement; the (scope, operation key, step) of those written.
+async fn insert<'r>(
+    conn: Conn<'_>,
+    rows: impl Iterator<Item = (Option<String>, &'r NewEntry)>,
+) -> Result<Vec<(String, String, i64)>, StoreError> {
+    Ok(match conn {
+        Conn::Postgres(c) => {
+            PgEntries::of(rows)
+                .bind(sqlx::query_as(PG_INSERT))
+                .fetch_all(c)
+                .await?
+        }
+        Conn::Sqlite(c) => {
+            let rows: Vec<_> = rows.map(|(_, r)| r).collect();
+            insert_sqlite(c, &rows).await?
+        }
+    })
+}
+
+/// Inserts rows on SQLite (inside the caller's transaction, if it has one).
+pub(crate) async fn insert_sqlite(
+    c: &mut sqlx::SqliteConnection,
+    rows: &[&NewEntry],
+) -> Result<Vec<(String, String, i64)>, StoreError> {
+    if rows.is_empty() {
+        return Ok(Vec::new());
+    }
+    let mut statement = QueryBuilder::new(SQLITE_INSERT_HEAD);
+    statement.push_values(rows, |mut values, row| {
+        values
+            .push_bind(row.key.scope.clone())
+            .push_bind(row.key.operation_key.clone())
+            .push_bind(row.step)
+            .push_bind(row.kind.as_str())
+            .push_bind(row.name.clone())
+            .push_bind(row.call_id.clone())
+            .push_bind(row.body.clone())
+            .push_bind(row.pins.clone())
+            .push_bind(row.input_tokens)
+            .push_bind(row.output_tokens)
+            .push_bind(row.ttl_ms)
+            .push_bind(row.key.fence);
+    });
+    statement.push(SQLITE_INSERT_TAIL);
+    Ok(statement.build_query_as().fetch_all(c).await?)
+}
+
+/// Rows as Postgres arrays, bound in the order [`pg_insert!`] names them; `receipt` is the
+/// receipt a row commits with (the receipts' group insert), or NULL.
+#[derive(Default)]
+pub(crate) struct PgEntries {
+    receipt: Vec<Option<String>>,
+    scope: Vec<String>,
+    operation_key: Vec<String>,
+    step: Vec<i64>,
+    kind: Vec<&'static str>,
+    name: Vec<String>,
+    call_id: Vec<Option<String>>,
+    body: Vec<String>,
+    pins: Vec<Option<String>>,
+    input_tokens: Vec<Option<i64>>,
+    output_tokens: Vec<Option<i64>>,
+    ttl_ms: Vec<i64>,
+    fence: Vec<Option<i64>>,
+}
+
+impl PgEntries {
+    pub(crate) fn of<'r>(rows: impl Iterator<Item = (Option<String>, &'r NewEntry)>) -> PgEntries {
+        let mut arrays = PgEntries::default();
+        for (receipt, row) in rows {
+            arrays.receipt.push(receipt);
+            arrays.scope.push(row.key.scope.clone());
+            arrays.operation_key.push(row.key.operation_key.clone());
+            arrays.step.push(row.step);
+            arrays.kind.push(row.kind.as_str());
+            arrays.name.push(row.name.clone());
+            arrays.call_id.push(row.call_id.clone());
+            arrays.body.push(row.body.clone());
+            arrays.pins.push(row.pins.clone());
+            arrays.input_tokens.push(row.input_tokens);
+            arrays.output_tokens.push(row.output_tokens);
+            arrays.ttl_ms.push(row.ttl_ms);
+            arrays.fence.push(row.key.fence);
+        }
+        arrays
+    }
+
+    pub(crate) fn bind<'q, O>(
+        self,
+        query: QueryAs<'q, Postgres, O, PgArguments>,
+    ) -> QueryAs<'q, Postgres, O, PgArguments> {
+        query
+            .bind(self.receipt)
+            .bind(self.scope)
+            .bind(self.operation_key)
+            .bind(self.step)
+            .bind(self.kind)
+            .bind(self.name)
+            .bind(self.call_id)
+            .bind(self.body)
+            .bind(self.pins)
+            .bind(self.input_tokens)
+            .bind(self.output_tokens)
+            .bind(self.ttl_ms)
+            .bind(self.fence)
+    }
+}

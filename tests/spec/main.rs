@@ -1,0 +1,19 @@
+//! The service's specification, one test binary: each module is one concern, read top to
+//! bottom as what the service promises. Every HTTP test runs against SQLite and Postgres
+//! (`both_backends!`); `scripts/test` provides the Postgres database.
+
+#[macro_use]
+mod common;
+
+mod crash;
+mod db_restart;
+mod endpoint;
+mod faults;
+mod idempotency;
+mod journal;
+mod metrics;
+mod model_behaviour;
+mod process;
+mod real_server_answers;
+mod store_contract;
+mod traces;
