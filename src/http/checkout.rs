@@ -12,6 +12,7 @@ use utoipa::openapi::schema::{ObjectBuilder, OneOfBuilder, Schema, SchemaType, T
 use utoipa::openapi::{RefOr, Response as DocResponse};
 use utoipa::{IntoParams, IntoResponses, PartialSchema, ToSchema};
 
+use super::auth::unauthorized_problem;
 use super::error::{Code, Problem, documented};
 use super::extract::{JsonBody, Params};
 use super::idempotent::{self, IdempotencyKey};
@@ -19,7 +20,7 @@ use super::{Answer, AppState, ReceiptView};
 use crate::assistant::{
     ChargeStatus, CheckoutContext, CheckoutError, CheckoutOutcome, FailureKind,
 };
-use crate::caller::Caller;
+use crate::caller::{Caller, Refusal};
 use crate::idempotency::Fingerprint;
 use crate::payments::money::json_decimal;
 use crate::payments::{Currency, Money, OperationKey, Order, OrderId};
@@ -219,6 +220,10 @@ impl IntoResponses for CheckoutErrors {
                 )],
             ),
             (
+                "`unauthorized`: no valid API key (see WWW-Authenticate); nothing was charged",
+                vec![unauthorized_problem(Refusal::Missing)],
+            ),
+            (
                 "`amount_conflict`: the order was charged another amount; or `in_flight`: the same Idempotency-Key is still running (see Retry-After)",
                 vec![
                     conflict,
@@ -265,6 +270,7 @@ impl IntoResponses for CheckoutErrors {
     summary = "Charge an order through the checkout assistant",
     description = "Runs the assistant loop: the model calls the `charge` tool, the gateway charges the order once (keyed by the order id), the model confirms. Give the order as query parameters or as a JSON body; a field given in both must agree. Send `Accept: text/plain` for the confirmation sentence alone.",
     params(CheckoutQuery, IdempotencyKey),
+    security(("api_key" = [])),
     request_body(
         content = Option<CheckoutBody>,
         content_type = "application/json",

@@ -19,6 +19,7 @@ pub const PROBLEM_JSON: &str = "application/problem+json";
 #[serde(rename_all = "snake_case")]
 pub enum Code {
     InvalidRequest,
+    Unauthorized,
     AmountConflict,
     InFlight,
     KeyReuse,
@@ -34,6 +35,7 @@ impl Code {
     pub fn as_str(self) -> &'static str {
         match self {
             Code::InvalidRequest => "invalid_request",
+            Code::Unauthorized => "unauthorized",
             Code::AmountConflict => "amount_conflict",
             Code::InFlight => "in_flight",
             Code::KeyReuse => "key_reuse",
@@ -57,6 +59,7 @@ impl Code {
     pub fn status(self) -> StatusCode {
         match self {
             Code::InvalidRequest => StatusCode::BAD_REQUEST,
+            Code::Unauthorized => StatusCode::UNAUTHORIZED,
             Code::AmountConflict | Code::InFlight => StatusCode::CONFLICT,
             Code::KeyReuse => StatusCode::UNPROCESSABLE_ENTITY,
             Code::ModelError | Code::ModelDidNotCharge => StatusCode::BAD_GATEWAY,
@@ -70,6 +73,7 @@ impl Code {
     fn title(self) -> &'static str {
         match self {
             Code::InvalidRequest => "The request is invalid",
+            Code::Unauthorized => "A valid API key is required",
             Code::AmountConflict => "The order was already charged another amount",
             Code::InFlight => "A request with this Idempotency-Key is still being processed",
             Code::KeyReuse => "The Idempotency-Key was used for another request",

@@ -1,5 +1,6 @@
 //! The HTTP API: router, one file per resource, errors, the OpenAPI document.
 
+pub mod auth;
 pub mod checkout;
 pub mod error;
 pub mod extract;
@@ -17,6 +18,7 @@ use axum::http::{HeaderValue, StatusCode, header};
 use axum::response::{IntoResponse, Response};
 use serde::Serialize;
 use tower_http::request_id::{MakeRequestUuid, PropagateRequestIdLayer, SetRequestIdLayer};
+use tower_http::sensitive_headers::SetSensitiveRequestHeadersLayer;
 use tower_http::timeout::TimeoutLayer;
 use tower_http::trace::TraceLayer;
 use utoipa::{OpenApi, ToSchema};
@@ -25,6 +27,7 @@ use utoipa_axum::routes;
 use utoipa_swagger_ui::SwaggerUi;
 
 use crate::assistant::Assistant;
+use crate::caller::Gate;
 use crate::config::Settings;
 use crate::db::Database;
 use crate::idempotency::Records;
@@ -41,6 +44,7 @@ struct Shared {
     db: Database,
     gateway: PaymentGateway,
     records: Records,
+    gate: Gate,
     assistant: Assistant,
     model: ModelInfo,
 }
@@ -55,6 +59,7 @@ impl AppState {
     ) -> Self {
         AppState(Arc::new(Shared {
             records: Records::new(&db),
+            gate: Gate::new(settings.server.auth, settings.server.listen, &db),
             settings,
             db,
             gateway,
@@ -77,6 +82,11 @@ impl AppState {
 
     pub fn records(&self) -> &Records {
         &self.0.records
+    }
+
+    /// Who may call `/checkout` and `/receipts`.
+    pub fn gate(&self) -> &Gate {
+        &self.0.gate
     }
 
     pub fn assistant(&self) -> &Assistant {
@@ -170,6 +180,7 @@ impl From<&Receipt> for ReceiptView {
         description = "An AI assistant takes a payment through a tool-calling loop; no retry, at any level, charges an order twice."
     ),
     components(schemas(error::ProblemBody)),
+    modifiers(&BearerKey),
     tags(
         (name = "checkout", description = "Charge orders and read receipts"),
         (name = "health", description = "Liveness and readiness"),
@@ -177,9 +188,34 @@ impl From<&Receipt> for ReceiptView {
 )]
 struct ApiDoc;
 
+/// The security scheme `/checkout` and `/receipts` name: an API key sent as a bearer
+/// token, which Swagger UI's Authorize button fills in.
+struct BearerKey;
+
+pub const SECURITY_SCHEME: &str = "api_key";
+
+impl utoipa::Modify for BearerKey {
+    fn modify(&self, openapi: &mut utoipa::openapi::OpenApi) {
+        use utoipa::openapi::security::{HttpAuthScheme, HttpBuilder, SecurityScheme};
+        let components = openapi.components.get_or_insert_with(Default::default);
+        components.add_security_scheme(
+            SECURITY_SCHEME,
+            SecurityScheme::Http(
+                HttpBuilder::new()
+                    .scheme(HttpAuthScheme::Bearer)
+                    .bearer_format("ck_ and 64 hex digits")
+                    .description(Some(
+                        "An API key made with `checkout api-keys create NAME`, sent as `Authorization: Bearer <key>`. Needed once any key exists (CHECKOUT_AUTH=auto), always (required), or never (off).",
+                    ))
+                    .build(),
+            ),
+        );
+    }
+}
+
 /// The router and the OpenAPI document generated from its handlers.
 pub fn router(state: AppState) -> Router {
-    let (router, api) = api_parts();
+    let (router, api) = api_parts(Some(&state));
     let settings = state.settings();
     let server_timeout = settings.server.timeout;
     router
@@ -210,18 +246,33 @@ pub fn router(state: AppState) -> Router {
             }),
         )
         .layer(SetRequestIdLayer::x_request_id(MakeRequestUuid))
+        // Outermost: whatever logs a request's headers sees the API key as sensitive.
+        .layer(SetSensitiveRequestHeadersLayer::new([
+            header::AUTHORIZATION,
+        ]))
         .with_state(state)
 }
 
 /// The OpenAPI document, as served at `/api-docs/openapi.json`.
 pub fn openapi() -> utoipa::openapi::OpenApi {
-    api_parts().1
+    api_parts(None).1
 }
 
-fn api_parts() -> (Router<AppState>, utoipa::openapi::OpenApi) {
-    OpenApiRouter::with_openapi(ApiDoc::openapi())
+/// The routes and their document; with the state, the callers' routes behind the API key
+/// check.
+fn api_parts(state: Option<&AppState>) -> (Router<AppState>, utoipa::openapi::OpenApi) {
+    let callers = OpenApiRouter::new()
         .routes(routes!(checkout::checkout))
-        .routes(routes!(receipts::get_receipt))
+        .routes(routes!(receipts::get_receipt));
+    let callers = match state {
+        Some(state) => callers.route_layer(axum::middleware::from_fn_with_state(
+            state.clone(),
+            auth::require_caller,
+        )),
+        None => callers,
+    };
+    OpenApiRouter::with_openapi(ApiDoc::openapi())
+        .merge(callers)
         .routes(routes!(health::live))
         .routes(routes!(health::ready))
         .split_for_parts()

@@ -8,8 +8,10 @@ use std::collections::BTreeMap;
 use utoipa::IntoResponses;
 use utoipa::openapi::{RefOr, Response as DocResponse};
 
+use super::auth::unauthorized_problem;
 use super::error::{Code, Problem, documented};
 use super::{AppState, ReceiptView};
+use crate::caller::Refusal;
 use crate::payments::OrderId;
 
 pub struct ReceiptErrors;
@@ -23,6 +25,10 @@ impl IntoResponses for ReceiptErrors {
                     "orderId",
                     "orderId must start with a letter or a digit",
                 )],
+            ),
+            (
+                "`unauthorized`: no valid API key (see WWW-Authenticate)",
+                vec![unauthorized_problem(Refusal::Missing)],
             ),
             (
                 "`not_found`: the order has not been charged",
@@ -50,6 +56,7 @@ fn unavailable(err: impl std::fmt::Display) -> Problem {
     path = "/receipts/{orderId}",
     tag = "checkout",
     summary = "The receipt of a charged order",
+    security(("api_key" = [])),
     params(("orderId" = String, Path, description = "The order id: 1–64 of `A-Z a-z 0-9 . _ : -`, starting with a letter or digit", example = "A-100", min_length = 1, max_length = 64, pattern = "^[A-Za-z0-9][A-Za-z0-9._:-]{0,63}$")),
     responses(
         (status = 200, description = "The order is charged", body = ReceiptView),
