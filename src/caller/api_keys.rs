@@ -1,7 +1,6 @@
 //! The `api_keys` table: one row per key, by name, with the SHA-256 of the key (never the
 //! key). Every statement is one text for both databases, timed by their `clock` view.
 
-use super::KeyHash;
 use crate::db::{Conn, StoreError, on_conn};
 
 /// A key as listed: never the key, nor its hash.
@@ -36,11 +35,11 @@ const ANY: &str = "SELECT count(*) FROM (SELECT 1 FROM api_keys LIMIT 1) AS one"
 
 const LIST: &str = "SELECT name, created_at, revoked_at FROM api_keys ORDER BY created_at, name";
 
-/// Adds a key; false when the name is taken (nothing is written).
-pub async fn insert(conn: Conn<'_>, name: &str, hash: &KeyHash) -> Result<bool, StoreError> {
+/// Adds a key by the hex SHA-256 of it; false when the name is taken (nothing is written).
+pub async fn insert(conn: Conn<'_>, name: &str, key_hash: &str) -> Result<bool, StoreError> {
     let done = on_conn!(conn, c => sqlx::query(INSERT)
         .bind(name)
-        .bind(hash.as_str())
+        .bind(key_hash)
         .execute(c)
         .await?
         .rows_affected());
@@ -57,10 +56,10 @@ pub async fn revoke(conn: Conn<'_>, name: &str) -> Result<bool, StoreError> {
     Ok(done == 1)
 }
 
-/// The key whose hash this is, revoked or not.
-pub async fn find(conn: Conn<'_>, hash: &KeyHash) -> Result<Option<Found>, StoreError> {
+/// The key whose hex SHA-256 this is, revoked or not.
+pub async fn find(conn: Conn<'_>, key_hash: &str) -> Result<Option<Found>, StoreError> {
     Ok(on_conn!(conn, c => sqlx::query_as(FIND)
-        .bind(hash.as_str())
+        .bind(key_hash)
         .fetch_optional(c)
         .await?))
 }

@@ -137,7 +137,7 @@ pub async fn create(db: &Database, name: &str) -> Result<NewKey, KeyError> {
     valid_name(name).map_err(KeyError::InvalidName)?;
     let key = generate_key().map_err(KeyError::Random)?;
     let mut conn = db.acquire().await?;
-    if !api_keys::insert(conn.conn(), name, &KeyHash::of(&key)).await? {
+    if !api_keys::insert(conn.conn(), name, KeyHash::of(&key).as_str()).await? {
         return Err(KeyError::NameTaken(name.to_owned()));
     }
     Ok(NewKey {
@@ -252,7 +252,7 @@ impl Gate {
         let mut conn = self.db.acquire().await?;
         // The lookup is by the hash of what was sent, so its timing tells nothing about a
         // stored key; the constant-time comparison of the hashes is a second lock.
-        Ok(match api_keys::find(conn.conn(), &hash).await? {
+        Ok(match api_keys::find(conn.conn(), hash.as_str()).await? {
             Some(found) if found.revoked_at.is_none() && hash.matches(&found.key_hash) => {
                 Verdict::Caller(Caller(found.name))
             }

@@ -53,7 +53,7 @@ fn reason(why: Refusal) -> &'static str {
 /// The 401 for a refusal: `WWW-Authenticate: Bearer`, with `error="invalid_token"` when a
 /// key was sent and is not valid (RFC 6750 §3).
 pub fn unauthorized(why: Refusal) -> Response {
-    let mut response = unauthorized_problem(why).into_response();
+    let mut response = Problem::unauthorized(why).into_response();
     let challenge = match why {
         Refusal::Invalid => "Bearer error=\"invalid_token\"",
         Refusal::Missing | Refusal::NotBearer => "Bearer",
@@ -63,17 +63,4 @@ pub fn unauthorized(why: Refusal) -> Response {
         HeaderValue::from_static(challenge),
     );
     response
-}
-
-pub fn unauthorized_problem(why: Refusal) -> Problem {
-    Problem::new(
-        Code::Unauthorized,
-        match why {
-            Refusal::Missing => {
-                "this endpoint needs an API key: send Authorization: Bearer <key> (an operator makes one with `checkout api-keys create NAME`)"
-            }
-            Refusal::NotBearer => "the Authorization header must be Bearer <key>",
-            Refusal::Invalid => "the API key is not valid: no such key, or it was revoked",
-        },
-    )
 }

@@ -12,7 +12,6 @@ use utoipa::openapi::schema::{ObjectBuilder, OneOfBuilder, Schema, SchemaType, T
 use utoipa::openapi::{RefOr, Response as DocResponse};
 use utoipa::{IntoParams, IntoResponses, PartialSchema, ToSchema};
 
-use super::auth::unauthorized_problem;
 use super::error::{Code, Problem, documented};
 use super::extract::{JsonBody, Params};
 use super::idempotent::{self, IdempotencyKey};
@@ -221,7 +220,7 @@ impl IntoResponses for CheckoutErrors {
             ),
             (
                 "`unauthorized`: no valid API key (see WWW-Authenticate); nothing was charged",
-                vec![unauthorized_problem(Refusal::Missing)],
+                vec![Problem::unauthorized(Refusal::Missing)],
             ),
             (
                 "`amount_conflict`: the order was charged another amount; or `in_flight`: the same Idempotency-Key is still running (see Retry-After)",

@@ -11,6 +11,7 @@ use utoipa::openapi::example::ExampleBuilder;
 use utoipa::openapi::{ContentBuilder, Ref, RefOr, ResponseBuilder};
 
 use super::Answer;
+use crate::caller::Refusal;
 
 pub const PROBLEM_JSON: &str = "application/problem+json";
 
@@ -172,6 +173,20 @@ impl Problem {
         let mut problem = Problem::new(Code::InvalidRequest, detail);
         problem.body.field = Some(field.to_owned());
         problem
+    }
+
+    /// A 401 for a request without a valid API key, saying which way it fell short.
+    pub fn unauthorized(why: Refusal) -> Self {
+        Problem::new(
+            Code::Unauthorized,
+            match why {
+                Refusal::Missing => {
+                    "this endpoint needs an API key: send Authorization: Bearer <key> (an operator makes one with `checkout api-keys create NAME`)"
+                }
+                Refusal::NotBearer => "the Authorization header must be Bearer <key>",
+                Refusal::Invalid => "the API key is not valid: no such key, or it was revoked",
+            },
+        )
     }
 
     pub fn retry_after(mut self, seconds: u64) -> Self {

@@ -8,7 +8,6 @@ use std::collections::BTreeMap;
 use utoipa::IntoResponses;
 use utoipa::openapi::{RefOr, Response as DocResponse};
 
-use super::auth::unauthorized_problem;
 use super::error::{Code, Problem, documented};
 use super::{AppState, ReceiptView};
 use crate::caller::Refusal;
@@ -28,7 +27,7 @@ impl IntoResponses for ReceiptErrors {
             ),
             (
                 "`unauthorized`: no valid API key (see WWW-Authenticate)",
-                vec![unauthorized_problem(Refusal::Missing)],
+                vec![Problem::unauthorized(Refusal::Missing)],
             ),
             (
                 "`not_found`: the order has not been charged",
