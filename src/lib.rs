@@ -52,6 +52,8 @@ pub struct App {
     /// The built-in model, when no provider is configured; it lives as long as the app.
     scripted: Option<ScriptedModel>,
     sweeper: tokio::task::JoinHandle<()>,
+    /// Asks whether an API key exists while none does (`CHECKOUT_AUTH=auto`).
+    key_watch: tokio::task::JoinHandle<()>,
 }
 
 impl App {
@@ -59,7 +61,13 @@ impl App {
     /// is configured, and builds the layers. Logs the resilience chain.
     pub async fn build(settings: Settings) -> Result<App, StartError> {
         let db = Database::open(&settings.database.url, &settings.database.pool).await?;
-        let keys_exist = caller::keys_exist(&db).await.map_err(StartError::Keys)?;
+        // With `off`, keys are not asked about, not even here.
+        let keys_exist = match settings.server.auth {
+            AuthMode::Off => false,
+            AuthMode::Auto | AuthMode::Required => {
+                caller::keys_exist(&db).await.map_err(StartError::Keys)?
+            }
+        };
         check_callers(&settings, keys_exist)?;
         let (endpoint, scripted) = match settings.provider() {
             Provider::Remote(endpoint) => (endpoint, None),
@@ -109,10 +117,18 @@ impl App {
             idempotency::Records::new(&db),
             sweep_every,
         ));
+        let gate = caller::Gate::new(
+            settings.server.auth,
+            settings.server.listen,
+            &db,
+            keys_exist,
+        );
+        let key_watch = tokio::spawn(gate.clone().watch_for_keys());
         Ok(App {
-            state: AppState::new(settings, db, gateway, assistant, info),
+            state: AppState::new(settings, db, gateway, assistant, info, gate),
             scripted,
             sweeper,
+            key_watch,
         })
     }
 
@@ -139,6 +155,7 @@ impl App {
             })
             .await?;
         self.sweeper.abort();
+        self.key_watch.abort();
         self.state.db().close().await;
         drop(self.scripted);
         tracing::info!("stopped");
@@ -181,7 +198,8 @@ fn announce_callers(settings: &Settings, keys_exist: bool) {
         ),
         AuthMode::Auto => tracing::warn!(
             auth = mode,
-            "callers: open, no API key asked for (CHECKOUT_AUTH=auto, no key exists yet, {listen} is loopback); from the first `checkout api-keys create NAME` on, every request needs a key"
+            "callers: open, no API key asked for (CHECKOUT_AUTH=auto, no key exists yet, {listen} is loopback); within {} ms of the first `checkout api-keys create NAME`, every request needs a key",
+            caller::KEYS_REFRESH.as_millis()
         ),
     }
 }

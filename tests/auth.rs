@@ -73,6 +73,25 @@ impl Service {
     }
 }
 
+/// Waits until a request without a key is refused (a read, so that the requests sent
+/// while the service is still open charge nothing); how long that took.
+async fn until_keys_are_required(s: &Service) -> Duration {
+    let start = std::time::Instant::now();
+    loop {
+        let reply = s.get("/receipts/NONE", &[]).await;
+        if reply.status == 401 {
+            return start.elapsed();
+        }
+        assert_eq!(reply.status, 404, "{}", reply.text());
+        assert!(
+            start.elapsed() < caller::KEYS_REFRESH * 3,
+            "still open {:?} after the first key",
+            start.elapsed()
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
 fn bearer(key: &str) -> String {
     format!("Bearer {key}")
 }
@@ -90,6 +109,7 @@ both_backends!(
     |backend| async move {
         let s = Service::start(backend, AuthMode::Auto).await;
         s.create_key("shop").await;
+        until_keys_are_required(&s).await;
         let reply = s.checkout("A-1", &[]).await;
         assert_unauthorized(&reply, "Bearer");
         let reply = s.get("/receipts/A-1", &[]).await;
@@ -223,6 +243,8 @@ both_backends!(
         assert_unauthorized(&reply, "Bearer error=\"invalid_token\"");
 
         s.create_key("first").await;
+        let took = until_keys_are_required(&s).await;
+        assert!(took <= caller::KEYS_REFRESH * 2, "{took:?}");
         let reply = s.checkout("C-2", &[]).await;
         assert_unauthorized(&reply, "Bearer");
         s.revoke_key("first").await;
@@ -269,9 +291,10 @@ both_backends!(
 );
 
 /// Another instance on the same Postgres (here: another pool, as another process would
-/// have) makes a key: the service needs keys from its very next request.
+/// have) makes a key: the service needs keys within KEYS_REFRESH; the key counts, and
+/// its revocation, from the very next request.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_key_made_by_another_instance_counts_from_the_next_request() {
+async fn a_key_made_by_another_instance_closes_the_service_within_a_refresh() {
     let s = Service::start(Backend::Postgres, AuthMode::Auto).await;
     assert_eq!(s.checkout("E-1", &[]).await.status, 200);
     let other = Database::open(
@@ -284,6 +307,8 @@ async fn a_key_made_by_another_instance_counts_from_the_next_request() {
     .await
     .unwrap();
     let key = caller::create(&other, "elsewhere").await.unwrap().key;
+    let took = until_keys_are_required(&s).await;
+    assert!(took <= caller::KEYS_REFRESH * 2, "{took:?}");
     assert_unauthorized(&s.checkout("E-2", &[]).await, "Bearer");
     let reply = s.checkout("E-2", &[("authorization", &bearer(&key))]).await;
     assert_eq!(reply.status, 200, "{}", reply.text());

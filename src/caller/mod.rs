@@ -10,6 +10,9 @@
 pub mod api_keys;
 
 use std::net::SocketAddr;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::Duration;
 
 use sha2::{Digest, Sha256};
 use subtle::ConstantTimeEq;
@@ -196,6 +199,9 @@ pub enum Refusal {
     Invalid,
 }
 
+/// How often an open service (`auto`, no key yet) asks whether a key exists now.
+pub const KEYS_REFRESH: Duration = Duration::from_secs(1);
+
 /// The check each protected request goes through.
 #[derive(Clone, Debug)]
 pub struct Gate {
@@ -203,14 +209,18 @@ pub struct Gate {
     /// Whether the service listens on a loopback address only (`auto` may be open then).
     loopback: bool,
     db: Database,
+    /// Whether any key exists (a revoked one counts): once true, true for good.
+    keys_exist: Arc<AtomicBool>,
 }
 
 impl Gate {
-    pub fn new(mode: AuthMode, listen: SocketAddr, db: &Database) -> Gate {
+    /// `keys_exist`: as read at start-up.
+    pub fn new(mode: AuthMode, listen: SocketAddr, db: &Database, keys_exist: bool) -> Gate {
         Gate {
             mode,
             loopback: listen.ip().is_loopback(),
             db: db.clone(),
+            keys_exist: Arc::new(AtomicBool::new(keys_exist)),
         }
     }
 
@@ -219,17 +229,41 @@ impl Gate {
     }
 
     /// Whether the service is open now: `off`, or `auto` on loopback while no key exists.
-    pub async fn is_open(&self) -> Result<bool, StoreError> {
-        Ok(match self.mode {
+    pub fn is_open(&self) -> bool {
+        match self.mode {
             AuthMode::Off => true,
             AuthMode::Required => false,
-            AuthMode::Auto => {
-                self.loopback && {
-                    let mut conn = self.db.acquire().await?;
-                    !api_keys::any(conn.conn()).await?
-                }
+            AuthMode::Auto => self.loopback && !self.keys_exist.load(Ordering::Acquire),
+        }
+    }
+
+    /// Asks every [`KEYS_REFRESH`] whether a key exists, while the service is open under
+    /// `auto`; ends once one does (or at once, when keys are not what opens it). A failed
+    /// question is logged and asked again; the service stays as it was (open on loopback
+    /// only, where a checkout needs the same database to charge).
+    pub async fn watch_for_keys(self) {
+        if self.mode != AuthMode::Auto || !self.is_open() {
+            return;
+        }
+        let mut tick = tokio::time::interval(KEYS_REFRESH);
+        tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        loop {
+            tick.tick().await;
+            if self.keys_exist.load(Ordering::Acquire) {
+                return;
             }
-        })
+            match keys_exist(&self.db).await {
+                Ok(false) => {}
+                Ok(true) => {
+                    self.keys_exist.store(true, Ordering::Release);
+                    tracing::info!(
+                        "callers: an API key exists now: /checkout and /receipts need one from here on (CHECKOUT_AUTH=auto)"
+                    );
+                    return;
+                }
+                Err(err) => tracing::warn!("callers: cannot ask whether an API key exists: {err}"),
+            }
+        }
     }
 
     /// The verdict on a request's `Authorization` header (its value, if sent). A key that
@@ -239,7 +273,7 @@ impl Gate {
             return Ok(Verdict::Open);
         }
         let Some(header) = authorization else {
-            return Ok(if self.is_open().await? {
+            return Ok(if self.is_open() {
                 Verdict::Open
             } else {
                 Verdict::Refused(Refusal::Missing)
@@ -254,6 +288,7 @@ impl Gate {
         // stored key; the constant-time comparison of the hashes is a second lock.
         Ok(match api_keys::find(conn.conn(), hash.as_str()).await? {
             Some(found) if found.revoked_at.is_none() && hash.matches(&found.key_hash) => {
+                self.keys_exist.store(true, Ordering::Release);
                 Verdict::Caller(Caller(found.name))
             }
             _ => Verdict::Refused(Refusal::Invalid),

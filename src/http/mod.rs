@@ -56,10 +56,11 @@ impl AppState {
         gateway: PaymentGateway,
         assistant: Assistant,
         model: ModelInfo,
+        gate: Gate,
     ) -> Self {
         AppState(Arc::new(Shared {
             records: Records::new(&db),
-            gate: Gate::new(settings.server.auth, settings.server.listen, &db),
+            gate,
             settings,
             db,
             gateway,
