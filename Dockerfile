@@ -3,8 +3,16 @@
 #   docker run -p 8080:8080 -e DATABASE_URL=postgres://user:pass@db/checkout -e OPENAI_API_KEY=sk-... checkout
 # Without DATABASE_URL it keeps receipts in SQLite at /data/checkout.db (mount a volume);
 # without OPENAI_API_KEY / OPENAI_BASE_URL it serves the built-in scripted model.
+# It listens on 0.0.0.0, so it needs an API key to start (CHECKOUT_AUTH=auto): make one
+# on its volume or database first, `docker run ... checkout api-keys create NAME`.
+#
+# The binary: built here from the sources (BINARY=source, the default), or taken as
+# built on a Debian 12 host from target/release/checkout of the build context
+# (--build-arg BINARY=prebuilt; scripts/container-check does that, to build and run this
+# image in minutes where no registry is reachable).
+ARG BINARY=source
 
-FROM rust:1.95-slim-bookworm AS build
+FROM rust:1.95-slim-bookworm AS binary-source
 WORKDIR /src
 # The manifest first, so that a change to the code reuses the layer of built dependencies.
 COPY Cargo.toml Cargo.lock ./
@@ -17,6 +25,13 @@ COPY migrations migrations
 RUN touch src/main.rs src/lib.rs \
     && cargo build --release --locked --bin checkout \
     && mkdir -p /data
+
+FROM scratch AS binary-prebuilt
+# WORKDIR makes the empty /data the runtime stage takes (it has no shell to make one).
+WORKDIR /data
+COPY target/release/checkout /src/target/release/checkout
+
+FROM binary-${BINARY} AS build
 
 # distroless/cc: glibc, libgcc, CA certificates (for https://api.openai.com), no shell.
 FROM gcr.io/distroless/cc-debian12:nonroot

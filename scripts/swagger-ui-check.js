@@ -1,9 +1,14 @@
 // Opens Swagger UI in headless Chromium, uses "Try it out" on POST /checkout with edited
-// query parameters, and prints the status and body the page shows.
+// query parameters, and prints the status and body the page shows. With CHECKOUT_API_KEY
+// set (a service that needs keys), it first executes without a key and expects the 401,
+// then enters the key with the Authorize button and executes again.
 //   apt-get install chromium && npm install --prefix /tmp/pw playwright-core@1
 //   cargo run &   NODE_PATH=/tmp/pw/node_modules node scripts/swagger-ui-check.js
+//   key=$(cargo run -q -- api-keys create swagger); cargo run &
+//   CHECKOUT_API_KEY=$key NODE_PATH=/tmp/pw/node_modules node scripts/swagger-ui-check.js
 const { chromium } = require('playwright-core');
 const base = process.env.CHECKOUT_URL || 'http://127.0.0.1:8080';
+const apiKey = process.env.CHECKOUT_API_KEY;
 (async () => {
   const browser = await chromium.launch({
     executablePath: '/usr/bin/chromium',
@@ -19,13 +24,37 @@ const base = process.env.CHECKOUT_URL || 'http://127.0.0.1:8080';
   const orderId = `SWAGGER-${Date.now()}`;
   await param('orderId').fill(orderId);
   await param('amount').fill('19.99');
-  await page.click(`${op} .execute`);
   const status = page.locator(`${op} .live-responses-table .response .response-col_status`).first();
-  await status.waitFor();
-  const body = await page.locator(`${op} .live-responses-table .response-col_description pre`).first().innerText();
-  console.log(`status ${(await status.innerText()).trim()}`);
-  console.log(body);
+  const body = page.locator(`${op} .live-responses-table .response-col_description pre`).first();
+  // Executes and returns the status and body shown once the page has a new answer.
+  let shown = '';
+  const execute = async () => {
+    await page.click(`${op} .execute`);
+    await page.waitForFunction(([sel, before]) => {
+      const el = document.querySelector(sel);
+      return el && el.innerText !== before;
+    }, [`${op} .live-responses-table .response-col_description pre`, shown]);
+    shown = await body.innerText();
+    return { status: (await status.innerText()).trim(), body: shown };
+  };
+  let failed = false;
+  if (apiKey) {
+    const refused = await execute();
+    console.log(`without a key: status ${refused.status}`);
+    console.log(refused.body);
+    if (!refused.status.startsWith('401') || !refused.body.includes('"code": "unauthorized"')) failed = true;
+    await page.click('.auth-wrapper .authorize');
+    await page.locator('.modal-ux input[aria-label="auth-bearer-value"]').fill(apiKey);
+    await page.click('.modal-ux .auth-btn-wrapper .authorize');
+    await page.click('.modal-ux .btn-done');
+    console.log('authorized with the key in Swagger UI');
+  }
+  const answer = await execute();
+  console.log(`status ${answer.status}`);
+  console.log(answer.body);
   await page.screenshot({ path: process.env.SCREENSHOT || '/tmp/swagger-ui.png' });
   await browser.close();
-  if (!body.includes(`"orderId": "${orderId}"`) || !body.includes('"charged": true')) process.exit(1);
+  if (!answer.status.startsWith('200') || !answer.body.includes(`"orderId": "${orderId}"`)
+    || !answer.body.includes('"charged": true')) failed = true;
+  if (failed) process.exit(1);
 })().catch((e) => { console.error(e); process.exit(1); });

@@ -8,6 +8,7 @@ use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use crate::assistant::LoopRetrySettings;
+use crate::caller::AuthMode;
 use crate::db::PoolSettings;
 use crate::model::scripted::FaultRule;
 use crate::model::{ModelEndpoint, RequestRetrySettings};
@@ -42,6 +43,8 @@ pub struct ServerSettings {
     /// The most one HTTP request may take.
     pub timeout: Duration,
     pub body_limit_bytes: usize,
+    /// When a caller must send an API key (`CHECKOUT_AUTH`).
+    pub auth: AuthMode,
 }
 
 #[derive(Clone, Debug)]
@@ -115,6 +118,7 @@ impl Default for Settings {
                 listen: SocketAddr::from(([127, 0, 0, 1], 8080)),
                 timeout: Duration::from_millis(100_000),
                 body_limit_bytes: 16 * 1024,
+                auth: AuthMode::Auto,
             },
             payments: PaymentSettings {
                 max_amount: 1_000_000,
@@ -193,6 +197,7 @@ type Setter = fn(&mut Settings, &str) -> Result<(), String>;
 #[rustfmt::skip]
 pub const SETTINGS: &[(&str, &str, Setter)] = &[
     ("listen", "CHECKOUT_LISTEN", |s, v| put(&mut s.server.listen, address(v))),
+    ("auth", "CHECKOUT_AUTH", |s, v| put(&mut s.server.auth, AuthMode::parse(v))),
     ("server_timeout_ms", "CHECKOUT_SERVER_TIMEOUT_MS", |s, v| put(&mut s.server.timeout, millis(v, 1))),
     ("body_limit_bytes", "CHECKOUT_BODY_LIMIT_BYTES", |s, v| put(&mut s.server.body_limit_bytes, number(v, 64, 1 << 20))),
     ("max_amount", "CHECKOUT_MAX_AMOUNT", |s, v| put(&mut s.payments.max_amount, number(v, 1, 1_000_000_000_000))),
@@ -527,6 +532,18 @@ mod tests {
         assert_eq!(
             err.to_string(),
             "invalid setting CHECKOUT_LOOP_TIMEOUT_MS (loop_timeout_ms in the config file): \"soon\" is not a whole number"
+        );
+    }
+
+    #[test]
+    fn callers_default_to_auto_and_a_bad_mode_names_checkout_auth() {
+        assert_eq!(load(&[]).unwrap().server.auth, AuthMode::Auto);
+        let s = load(&[("CHECKOUT_AUTH", "required")]).unwrap();
+        assert_eq!(s.server.auth, AuthMode::Required);
+        let err = load(&[("CHECKOUT_AUTH", "maybe")]).unwrap_err();
+        assert_eq!(
+            err.to_string(),
+            "invalid setting CHECKOUT_AUTH (auth in the config file): \"maybe\" is none of auto, required, off"
         );
     }
 

@@ -23,6 +23,7 @@ use axum::Router;
 use tokio::net::TcpListener;
 
 use assistant::{AgentLoop, Assistant, LoopLimits, Memory, ToolBox};
+use caller::AuthMode;
 use config::{Provider, Settings};
 use db::{Database, OpenError};
 use http::{AppState, ModelInfo};
@@ -41,6 +42,12 @@ pub enum StartError {
     ScriptedModel(std::io::Error),
     #[error("cannot build the model client: {0}")]
     ModelClient(tower::BoxError),
+    /// Settings that would serve open where they must not: exit status 2, like any
+    /// setting that cannot work.
+    #[error("{0}")]
+    Setting(String),
+    #[error("cannot read the API keys: {0}")]
+    Keys(db::StoreError),
 }
 
 /// The service, built and ready to serve.
@@ -49,6 +56,8 @@ pub struct App {
     /// The built-in model, when no provider is configured; it lives as long as the app.
     scripted: Option<ScriptedModel>,
     sweeper: tokio::task::JoinHandle<()>,
+    /// Asks whether an API key exists while none does (`CHECKOUT_AUTH=auto`).
+    key_watch: tokio::task::JoinHandle<()>,
 }
 
 impl App {
@@ -56,6 +65,14 @@ impl App {
     /// is configured, and builds the layers. Logs the resilience chain.
     pub async fn build(settings: Settings) -> Result<App, StartError> {
         let db = Database::open(&settings.database.url, &settings.database.pool).await?;
+        // With `off`, keys are not asked about, not even here.
+        let keys_exist = match settings.server.auth {
+            AuthMode::Off => false,
+            AuthMode::Auto | AuthMode::Required => {
+                caller::keys_exist(&db).await.map_err(StartError::Keys)?
+            }
+        };
+        check_callers(&settings, keys_exist)?;
         let (endpoint, scripted) = match settings.provider() {
             Provider::Remote(endpoint) => (endpoint, None),
             Provider::Scripted { faults, delay } => {
@@ -107,6 +124,7 @@ impl App {
             &endpoint.model,
         );
         announce(&settings, &db, &info);
+        announce_callers(&settings, keys_exist);
         let sweep_every = (settings.idempotency.ttl / 4).clamp(
             std::time::Duration::from_millis(100),
             std::time::Duration::from_secs(60),
@@ -115,10 +133,18 @@ impl App {
             idempotency::Records::new(&db),
             sweep_every,
         ));
+        let gate = caller::Gate::new(
+            settings.server.auth,
+            settings.server.listen,
+            &db,
+            keys_exist,
+        );
+        let key_watch = tokio::spawn(gate.clone().watch_for_keys());
         Ok(App {
-            state: AppState::new(settings, db, gateway, assistant, info, metrics),
+            state: AppState::new(settings, db, gateway, assistant, info, metrics, gate),
             scripted,
             sweeper,
+            key_watch,
         })
     }
 
@@ -145,10 +171,52 @@ impl App {
             })
             .await?;
         self.sweeper.abort();
+        self.key_watch.abort();
         self.state.db().close().await;
         drop(self.scripted);
         tracing::info!("stopped");
         Ok(())
+    }
+}
+
+/// `CHECKOUT_AUTH=auto` never serves open on an address others can reach.
+fn check_callers(settings: &Settings, keys_exist: bool) -> Result<(), StartError> {
+    let listen = settings.server.listen;
+    if settings.server.auth == AuthMode::Auto && !listen.ip().is_loopback() && !keys_exist {
+        return Err(StartError::Setting(format!(
+            "CHECKOUT_AUTH=auto serves without API keys only on a loopback address, and no API key exists: on {listen} anyone who can reach the port could charge orders. Make a key first (checkout api-keys create NAME), or set CHECKOUT_AUTH=required, or CHECKOUT_AUTH=off to serve open on {listen} on purpose"
+        )));
+    }
+    Ok(())
+}
+
+/// The start-up line that says who may call.
+fn announce_callers(settings: &Settings, keys_exist: bool) {
+    let listen = settings.server.listen;
+    let mode = settings.server.auth.as_str();
+    match settings.server.auth {
+        AuthMode::Off => tracing::warn!(
+            auth = mode,
+            "callers: CHECKOUT_AUTH=off: /checkout and /receipts are open to anyone who can reach {listen}; no API key is read"
+        ),
+        AuthMode::Required => tracing::info!(
+            auth = mode,
+            "callers: an API key is required on /checkout and /receipts (CHECKOUT_AUTH=required){}",
+            if keys_exist {
+                ""
+            } else {
+                "; none exists yet, so every request is refused until one is made (checkout api-keys create NAME)"
+            }
+        ),
+        AuthMode::Auto if keys_exist => tracing::info!(
+            auth = mode,
+            "callers: an API key is required on /checkout and /receipts (CHECKOUT_AUTH=auto, and keys exist)"
+        ),
+        AuthMode::Auto => tracing::warn!(
+            auth = mode,
+            "callers: open, no API key asked for (CHECKOUT_AUTH=auto, no key exists yet, {listen} is loopback); within {} ms of the first `checkout api-keys create NAME`, every request needs a key",
+            caller::KEYS_REFRESH.as_millis()
+        ),
     }
 }
 

@@ -1,18 +1,22 @@
 //! `checkout`: read the settings, start logging, build the app, serve until stopped.
 //! `checkout scripted-model`: run the scripted model alone, as a provider for others.
+//! `checkout api-keys create|list|revoke`: manage the callers' API keys in the database.
 
 use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::process::ExitCode;
 use std::time::Duration;
 
-use checkout::App;
+use checkout::caller::{self, KeyError};
 use checkout::config::{LogFormat, Settings, Sources};
+use checkout::db::Database;
 use checkout::model::scripted::{FaultRule, Script, ScriptedModel, describe};
+use checkout::{App, StartError};
 
 const USAGE: &str = "\
 usage: checkout [--config PATH] [--scripted-faults PLAN] [--scripted-delay-ms N]
        checkout scripted-model [--listen ADDR] [--faults PLAN] [--delay-ms N] [--api-key KEY]
+       checkout api-keys create NAME | list | revoke NAME   [--config PATH]
 
 Settings come from config/default.toml (or --config / CHECKOUT_CONFIG), then the
 environment (DATABASE_URL, OPENAI_API_KEY, OPENAI_BASE_URL, OPENAI_MODEL, CHECKOUT_*).
@@ -29,8 +33,10 @@ fn main() -> ExitCode {
         return ExitCode::SUCCESS;
     }
     let runtime = tokio::runtime::Runtime::new().expect("a tokio runtime");
-    if args.first().map(String::as_str) == Some("scripted-model") {
-        return runtime.block_on(scripted_model(&args[1..]));
+    match args.first().map(String::as_str) {
+        Some("scripted-model") => return runtime.block_on(scripted_model(&args[1..])),
+        Some("api-keys") => return runtime.block_on(api_keys(&args[1..])),
+        _ => {}
     }
     runtime.block_on(service(&args))
 }
@@ -113,6 +119,10 @@ async fn service(args: &[String]) -> ExitCode {
     };
     let app = match App::build(settings).await {
         Ok(app) => app,
+        Err(err @ StartError::Setting(_)) => {
+            tracing::error!("cannot start: {err}");
+            return ExitCode::from(2);
+        }
         Err(err) => {
             tracing::error!("cannot start: {err}");
             return ExitCode::FAILURE;
@@ -130,6 +140,87 @@ async fn service(args: &[String]) -> ExitCode {
             ExitCode::FAILURE
         }
     }
+}
+
+/// `api-keys create NAME` prints the new key once, alone on stdout; `list` shows names and
+/// times, never a key; `revoke NAME` refuses the key from the next request on. The
+/// database is the service's (DATABASE_URL, or the config file's); a SQLite file can be
+/// changed only while no service has it open.
+async fn api_keys(args: &[String]) -> ExitCode {
+    let (command, rest) = match args.split_first() {
+        Some((command, rest)) => (command.as_str(), rest),
+        None => return usage_error("api-keys needs create NAME, list or revoke NAME"),
+    };
+    let (name, flag_args) = match (command, rest.split_first()) {
+        ("create" | "revoke", Some((name, flags))) if !name.starts_with("--") => {
+            (Some(name.as_str()), flags)
+        }
+        ("create" | "revoke", _) => {
+            return usage_error(&format!("api-keys {command} needs a NAME"));
+        }
+        ("list", _) => (None, rest),
+        _ => return usage_error(&format!("api-keys: unknown command {command:?}")),
+    };
+    let mut sources = Sources::from_env();
+    match flags(flag_args, &["--config"]) {
+        Ok(flags) => {
+            for (_, value) in flags {
+                sources.config_path = Some(PathBuf::from(value));
+            }
+        }
+        Err(message) => return usage_error(&message),
+    }
+    let settings = match Settings::load(&sources) {
+        Ok(settings) => settings,
+        Err(err) => {
+            eprintln!("checkout: {err}");
+            return ExitCode::from(2);
+        }
+    };
+    let db = match Database::open(&settings.database.url, &settings.database.pool).await {
+        Ok(db) => db,
+        Err(err) => {
+            eprintln!("checkout: {err}");
+            return ExitCode::FAILURE;
+        }
+    };
+    let result = match (command, name) {
+        ("create", Some(name)) => caller::create(&db, name).await.map(|new| {
+            eprintln!(
+                "checkout: API key {:?} created; it is shown only this once, keep it secret:",
+                new.name
+            );
+            println!("{}", new.key);
+        }),
+        ("revoke", Some(name)) => caller::revoke(&db, name).await.map(|()| {
+            eprintln!("checkout: API key {name:?} revoked: refused from the next request on");
+        }),
+        _ => caller::list(&db).await.map_err(KeyError::from).map(|keys| {
+            println!("{:<24} {:<24} REVOKED", "NAME", "CREATED");
+            for key in keys {
+                let revoked = key.revoked_at.map_or_else(|| "-".to_owned(), rfc3339);
+                println!("{:<24} {:<24} {revoked}", key.name, rfc3339(key.created_at));
+            }
+        }),
+    };
+    db.close().await;
+    match result {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(err @ (KeyError::Store(_) | KeyError::Random(_))) => {
+            eprintln!("checkout: {err}");
+            ExitCode::FAILURE
+        }
+        Err(err) => {
+            eprintln!("checkout: {err}");
+            ExitCode::from(2)
+        }
+    }
+}
+
+fn rfc3339(epoch_ms: i64) -> String {
+    chrono::DateTime::from_timestamp_millis(epoch_ms)
+        .map(|t| t.to_rfc3339_opts(chrono::SecondsFormat::Secs, true))
+        .unwrap_or_else(|| epoch_ms.to_string())
 }
 
 async fn scripted_model(args: &[String]) -> ExitCode {

@@ -22,7 +22,7 @@ use crate::assistant::{
     ChargeStatus, CheckoutContext, CheckoutError, CheckoutOutcome, FailureKind, JournalFailure,
     Usage,
 };
-use crate::caller::Caller;
+use crate::caller::{Caller, Refusal};
 use crate::idempotency::{Fingerprint, Lease};
 use crate::payments::money::json_decimal;
 use crate::payments::{Currency, Money, OperationKey, Order, OrderId};
@@ -254,6 +254,10 @@ impl IntoResponses for CheckoutErrors {
                 )],
             ),
             (
+                "`unauthorized`: no valid API key (see WWW-Authenticate); nothing was charged",
+                vec![Problem::unauthorized(Refusal::Missing)],
+            ),
+            (
                 "`amount_conflict`: the order was charged another amount; or `in_flight`: the same Idempotency-Key is still running (see Retry-After)",
                 vec![
                     conflict,
@@ -307,6 +311,7 @@ impl IntoResponses for CheckoutErrors {
     summary = "Charge an order through the checkout assistant",
     description = "Runs the assistant loop: the model calls the `charge` tool, the gateway charges the order once (keyed by the order id), the model confirms. Give the order as query parameters or as a JSON body; a field given in both must agree. Send `Accept: text/plain` for the confirmation sentence alone.",
     params(CheckoutQuery, IdempotencyKey),
+    security(("api_key" = [])),
     request_body(
         content = Option<CheckoutBody>,
         content_type = "application/json",

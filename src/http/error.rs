@@ -11,6 +11,7 @@ use utoipa::openapi::example::ExampleBuilder;
 use utoipa::openapi::{ContentBuilder, Ref, RefOr, ResponseBuilder};
 
 use super::answer::Answer;
+use crate::caller::Refusal;
 
 pub const PROBLEM_JSON: &str = "application/problem+json";
 
@@ -19,6 +20,7 @@ pub const PROBLEM_JSON: &str = "application/problem+json";
 #[serde(rename_all = "snake_case")]
 pub enum Code {
     InvalidRequest,
+    Unauthorized,
     AmountConflict,
     InFlight,
     KeyReuse,
@@ -35,6 +37,7 @@ impl Code {
     pub fn as_str(self) -> &'static str {
         match self {
             Code::InvalidRequest => "invalid_request",
+            Code::Unauthorized => "unauthorized",
             Code::AmountConflict => "amount_conflict",
             Code::InFlight => "in_flight",
             Code::KeyReuse => "key_reuse",
@@ -59,6 +62,7 @@ impl Code {
     pub fn status(self) -> StatusCode {
         match self {
             Code::InvalidRequest => StatusCode::BAD_REQUEST,
+            Code::Unauthorized => StatusCode::UNAUTHORIZED,
             Code::AmountConflict | Code::InFlight => StatusCode::CONFLICT,
             Code::KeyReuse => StatusCode::UNPROCESSABLE_ENTITY,
             Code::ModelError | Code::ModelDidNotCharge => StatusCode::BAD_GATEWAY,
@@ -73,6 +77,7 @@ impl Code {
     fn title(self) -> &'static str {
         match self {
             Code::InvalidRequest => "The request is invalid",
+            Code::Unauthorized => "A valid API key is required",
             Code::AmountConflict => "The order was already charged another amount",
             Code::InFlight => "A request with this Idempotency-Key is still being processed",
             Code::KeyReuse => "The Idempotency-Key was used for another request",
@@ -172,6 +177,20 @@ impl Problem {
         let mut problem = Problem::new(Code::InvalidRequest, detail);
         problem.body.field = Some(field.to_owned());
         problem
+    }
+
+    /// A 401 for a request without a valid API key, saying which way it fell short.
+    pub fn unauthorized(why: Refusal) -> Self {
+        Problem::new(
+            Code::Unauthorized,
+            match why {
+                Refusal::Missing => {
+                    "this endpoint needs an API key: send Authorization: Bearer <key> (an operator makes one with `checkout api-keys create NAME`)"
+                }
+                Refusal::NotBearer => "the Authorization header must be Bearer <key>",
+                Refusal::Invalid => "the API key is not valid: no such key, or it was revoked",
+            },
+        )
     }
 
     pub fn retry_after(mut self, seconds: u64) -> Self {

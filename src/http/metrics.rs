@@ -4,7 +4,7 @@ use axum::extract::State;
 use axum::http::{StatusCode, header};
 use axum::response::IntoResponse;
 
-use super::AppState;
+use super::state::AppState;
 
 /// The content type of the Prometheus text format, version 0.0.4.
 pub const CONTENT_TYPE: &str = "text/plain; version=0.0.4; charset=utf-8";

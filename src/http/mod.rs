@@ -1,6 +1,7 @@
 //! The HTTP API: router, one file per resource, errors, the OpenAPI document.
 
 pub mod answer;
+pub mod auth;
 pub mod checkout;
 pub mod error;
 pub mod extract;
@@ -17,6 +18,7 @@ use axum::extract::{DefaultBodyLimit, MatchedPath, Request};
 use axum::http::{StatusCode, header};
 use axum::response::{IntoResponse, Response};
 use tower_http::request_id::{MakeRequestUuid, PropagateRequestIdLayer, SetRequestIdLayer};
+use tower_http::sensitive_headers::SetSensitiveRequestHeadersLayer;
 use tower_http::timeout::TimeoutLayer;
 use tower_http::trace::TraceLayer;
 use utoipa::OpenApi;
@@ -37,6 +39,7 @@ pub use state::{AppState, ModelInfo};
         description = "An AI assistant takes a payment through a tool-calling loop; no retry, at any level, charges an order twice."
     ),
     components(schemas(error::ProblemBody)),
+    modifiers(&BearerKey),
     tags(
         (name = "checkout", description = "Charge orders and read receipts"),
         (name = "health", description = "Liveness and readiness"),
@@ -45,9 +48,34 @@ pub use state::{AppState, ModelInfo};
 )]
 struct ApiDoc;
 
+/// The security scheme `/checkout` and `/receipts` name: an API key sent as a bearer
+/// token, which Swagger UI's Authorize button fills in.
+struct BearerKey;
+
+pub const SECURITY_SCHEME: &str = "api_key";
+
+impl utoipa::Modify for BearerKey {
+    fn modify(&self, openapi: &mut utoipa::openapi::OpenApi) {
+        use utoipa::openapi::security::{HttpAuthScheme, HttpBuilder, SecurityScheme};
+        let components = openapi.components.get_or_insert_with(Default::default);
+        components.add_security_scheme(
+            SECURITY_SCHEME,
+            SecurityScheme::Http(
+                HttpBuilder::new()
+                    .scheme(HttpAuthScheme::Bearer)
+                    .bearer_format("ck_ and 64 hex digits")
+                    .description(Some(
+                        "An API key made with `checkout api-keys create NAME`, sent as `Authorization: Bearer <key>`. Needed once any key exists (CHECKOUT_AUTH=auto), always (required), or never (off).",
+                    ))
+                    .build(),
+            ),
+        );
+    }
+}
+
 /// The router and the OpenAPI document generated from its handlers.
 pub fn router(state: AppState) -> Router {
-    let (router, api) = api_parts();
+    let (router, api) = api_parts(Some(&state));
     let settings = state.settings();
     let server_timeout = settings.server.timeout;
     let metrics = state.metrics().clone();
@@ -79,18 +107,33 @@ pub fn router(state: AppState) -> Router {
             }),
         )
         .layer(SetRequestIdLayer::x_request_id(MakeRequestUuid))
+        // Outermost: whatever logs a request's headers sees the API key as sensitive.
+        .layer(SetSensitiveRequestHeadersLayer::new([
+            header::AUTHORIZATION,
+        ]))
         .with_state(state)
 }
 
 /// The OpenAPI document, as served at `/api-docs/openapi.json`.
 pub fn openapi() -> utoipa::openapi::OpenApi {
-    api_parts().1
+    api_parts(None).1
 }
 
-fn api_parts() -> (Router<AppState>, utoipa::openapi::OpenApi) {
-    OpenApiRouter::with_openapi(ApiDoc::openapi())
+/// The routes and their document; with the state, the callers' routes behind the API key
+/// check.
+fn api_parts(state: Option<&AppState>) -> (Router<AppState>, utoipa::openapi::OpenApi) {
+    let callers = OpenApiRouter::new()
         .routes(routes!(checkout::checkout))
-        .routes(routes!(receipts::get_receipt))
+        .routes(routes!(receipts::get_receipt));
+    let callers = match state {
+        Some(state) => callers.route_layer(axum::middleware::from_fn_with_state(
+            state.clone(),
+            auth::require_caller,
+        )),
+        None => callers,
+    };
+    OpenApiRouter::with_openapi(ApiDoc::openapi())
+        .merge(callers)
         .routes(routes!(health::live))
         .routes(routes!(health::ready))
         .routes(routes!(metrics::metrics))

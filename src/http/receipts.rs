@@ -10,6 +10,7 @@ use utoipa::openapi::{RefOr, Response as DocResponse};
 
 use super::error::{Code, Problem, documented};
 use super::state::AppState;
+use crate::caller::Refusal;
 use crate::payments::OrderId;
 use crate::payments::Receipt;
 use serde::Serialize;
@@ -26,6 +27,10 @@ impl IntoResponses for ReceiptErrors {
                     "orderId",
                     "orderId must start with a letter or a digit",
                 )],
+            ),
+            (
+                "`unauthorized`: no valid API key (see WWW-Authenticate)",
+                vec![Problem::unauthorized(Refusal::Missing)],
             ),
             (
                 "`not_found`: the order has not been charged",
@@ -53,6 +58,7 @@ fn unavailable(err: impl std::fmt::Display) -> Problem {
     path = "/receipts/{orderId}",
     tag = "checkout",
     summary = "The receipt of a charged order",
+    security(("api_key" = [])),
     params(("orderId" = String, Path, description = "The order id: 1–64 of `A-Z a-z 0-9 . _ : -`, starting with a letter or digit", example = "A-100", min_length = 1, max_length = 64, pattern = "^[A-Za-z0-9][A-Za-z0-9._:-]{0,63}$")),
     responses(
         (status = 200, description = "The order is charged", body = ReceiptView),

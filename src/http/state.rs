@@ -7,6 +7,7 @@ use serde::Serialize;
 use utoipa::ToSchema;
 
 use crate::assistant::Assistant;
+use crate::caller::Gate;
 use crate::config::Settings;
 use crate::db::Database;
 use crate::idempotency::Records;
@@ -25,6 +26,7 @@ struct Shared {
     assistant: Assistant,
     model: ModelInfo,
     metrics: Metrics,
+    gate: Gate,
 }
 
 impl AppState {
@@ -35,9 +37,11 @@ impl AppState {
         assistant: Assistant,
         model: ModelInfo,
         metrics: Metrics,
+        gate: Gate,
     ) -> Self {
         AppState(Arc::new(Shared {
             records: Records::new(&db),
+            gate,
             settings,
             db,
             gateway,
@@ -49,6 +53,11 @@ impl AppState {
 
     pub fn metrics(&self) -> &Metrics {
         &self.0.metrics
+    }
+
+    /// Who may call `/checkout` and `/receipts`.
+    pub fn gate(&self) -> &Gate {
+        &self.0.gate
     }
 
     pub fn settings(&self) -> &Settings {

@@ -381,7 +381,24 @@ async fn the_openapi_document_describes_every_field_and_error() {
         .collect();
     assert_eq!(
         statuses,
-        ["200", "400", "409", "422", "500", "502", "503", "504"]
+        [
+            "200", "400", "401", "409", "422", "500", "502", "503", "504"
+        ]
+    );
+    // The callers' endpoints name the API key scheme (Swagger UI's Authorize button);
+    // health does not.
+    assert_eq!(post["security"], serde_json::json!([{"api_key": []}]));
+    assert_eq!(
+        doc["paths"]["/receipts/{orderId}"]["get"]["security"],
+        serde_json::json!([{"api_key": []}])
+    );
+    assert_eq!(
+        doc["paths"]["/health/ready"]["get"]["security"],
+        Value::Null
+    );
+    assert_eq!(
+        doc["components"]["securitySchemes"]["api_key"]["scheme"],
+        "bearer"
     );
     assert!(post["responses"]["200"]["content"]["text/plain"].is_object());
     assert!(post["responses"]["200"]["content"]["application/json"].is_object());
@@ -412,6 +429,7 @@ fn each_error_status_documents_an_example_of_each_of_its_codes() {
     let responses = &doc["paths"]["/checkout"]["post"]["responses"];
     for (status, codes) in [
         ("400", &["invalid_request"][..]),
+        ("401", &["unauthorized"]),
         ("409", &["amount_conflict", "in_flight"]),
         ("422", &["key_reuse"]),
         ("502", &["model_did_not_charge", "model_error"]),

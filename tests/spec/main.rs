@@ -5,6 +5,7 @@
 #[macro_use]
 mod common;
 
+mod auth;
 mod crash;
 mod db_restart;
 mod endpoint;

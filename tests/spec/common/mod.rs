@@ -172,6 +172,10 @@ pub fn test_settings(db: &TestDb, model: &ScriptedModel) -> Settings {
     s.r#loop.retry.backoff_max = Duration::from_millis(20);
     s.server.timeout = Duration::from_millis(20_000);
     s.idempotency.lease = Duration::from_millis(1_000);
+    // No API keys: these tests are about checkouts, and with `auto` an open service asks
+    // the database every second whether a key exists, a statement on the pool that
+    // tests counting connections and statements would meet (tests/auth.rs sets its own).
+    s.server.auth = checkout::caller::AuthMode::Off;
     s
 }
 

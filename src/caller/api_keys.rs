@@ -1,0 +1,76 @@
+//! The `api_keys` table: one row per key, by name, with the SHA-256 of the key (never the
+//! key). Every statement is one text for both databases, timed by their `clock` view.
+
+use crate::db::{Conn, StoreError, on_conn};
+
+/// A key as listed: never the key, nor its hash.
+#[derive(Clone, Debug, PartialEq, Eq, sqlx::FromRow)]
+pub struct Listed {
+    pub name: String,
+    /// Epoch milliseconds.
+    pub created_at: i64,
+    pub revoked_at: Option<i64>,
+}
+
+/// A key found by its hash.
+#[derive(Debug, sqlx::FromRow)]
+pub struct Found {
+    pub name: String,
+    pub key_hash: String,
+    pub revoked_at: Option<i64>,
+}
+
+const INSERT: &str = "\
+    INSERT INTO api_keys (name, key_hash, created_at) \
+    SELECT $1, $2, now_ms FROM clock WHERE true \
+    ON CONFLICT (name) DO NOTHING";
+
+const REVOKE: &str = "\
+    UPDATE api_keys SET revoked_at = (SELECT now_ms FROM clock) \
+    WHERE name = $1 AND revoked_at IS NULL";
+
+const FIND: &str = "SELECT name, key_hash, revoked_at FROM api_keys WHERE key_hash = $1";
+
+const ANY: &str = "SELECT count(*) FROM (SELECT 1 FROM api_keys LIMIT 1) AS one";
+
+const LIST: &str = "SELECT name, created_at, revoked_at FROM api_keys ORDER BY created_at, name";
+
+/// Adds a key by the hex SHA-256 of it; false when the name is taken (nothing is written).
+pub async fn insert(conn: Conn<'_>, name: &str, key_hash: &str) -> Result<bool, StoreError> {
+    let done = on_conn!(conn, c => sqlx::query(INSERT)
+        .bind(name)
+        .bind(key_hash)
+        .execute(c)
+        .await?
+        .rows_affected());
+    Ok(done == 1)
+}
+
+/// Revokes the key; false when no unrevoked key has this name.
+pub async fn revoke(conn: Conn<'_>, name: &str) -> Result<bool, StoreError> {
+    let done = on_conn!(conn, c => sqlx::query(REVOKE)
+        .bind(name)
+        .execute(c)
+        .await?
+        .rows_affected());
+    Ok(done == 1)
+}
+
+/// The key whose hex SHA-256 this is, revoked or not.
+pub async fn find(conn: Conn<'_>, key_hash: &str) -> Result<Option<Found>, StoreError> {
+    Ok(on_conn!(conn, c => sqlx::query_as(FIND)
+        .bind(key_hash)
+        .fetch_optional(c)
+        .await?))
+}
+
+/// Whether any key was ever made (a revoked one counts).
+pub async fn any(conn: Conn<'_>) -> Result<bool, StoreError> {
+    let n: i64 = on_conn!(conn, c => sqlx::query_scalar(ANY).fetch_one(c).await?);
+    Ok(n > 0)
+}
+
+/// Every key, oldest first.
+pub async fn list(conn: Conn<'_>) -> Result<Vec<Listed>, StoreError> {
+    Ok(on_conn!(conn, c => sqlx::query_as(LIST).fetch_all(c).await?))
+}

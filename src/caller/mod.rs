@@ -1,0 +1,350 @@
+//! Who is calling: API keys, the setting that says when one is needed, and the check
+//! that turns a request's `Authorization: Bearer …` into a [`Caller`].
+//!
+//! A key is `ck_` and 64 hex digits: 32 random bytes from the operating system. The
+//! database keeps only its SHA-256 (see [`KeyHash`]), so a copy of the database lets no
+//! one call the service. Keys live in the database, not in one process, and every request
+//! is checked against it: a key created or revoked by `checkout api-keys` on any machine
+//! counts from the next request on every instance.
+
+pub mod api_keys;
+
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::Duration;
+
+use sha2::{Digest, Sha256};
+use subtle::ConstantTimeEq;
+
+use crate::db::{Database, StoreError};
+
+/// Who is calling. An authentication layer that knows the caller inserts this into the
+/// request's extensions, and keys are then scoped to it: two callers may use the same key
+/// without meeting. Without it, every request is the anonymous caller (scope `""`).
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Caller(pub String);
+
+/// `CHECKOUT_AUTH`: when a caller must send an API key.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum AuthMode {
+    /// Open while no API key exists (a revoked one counts) and only on a loopback
+    /// address; keys required once one exists.
+    Auto,
+    /// A valid key on every request, even while none exists.
+    Required,
+    /// Open on any address: no key is asked for or read.
+    Off,
+}
+
+impl AuthMode {
+    pub fn parse(v: &str) -> Result<AuthMode, String> {
+        match v {
+            "auto" => Ok(AuthMode::Auto),
+            "required" => Ok(AuthMode::Required),
+            "off" => Ok(AuthMode::Off),
+            _ => Err(format!("{v:?} is none of auto, required, off")),
+        }
+    }
+
+    pub fn as_str(self) -> &'static str {
+        match self {
+            AuthMode::Auto => "auto",
+            AuthMode::Required => "required",
+            AuthMode::Off => "off",
+        }
+    }
+}
+
+/// A new API key, as shown once to whoever made it.
+pub struct NewKey {
+    pub name: String,
+    pub key: String,
+}
+
+/// The SHA-256 of a key, in lowercase hex: what the database keeps and looks keys up by.
+///
+/// A fast hash is enough here, unlike for passwords: a key carries 256 random bits, so
+/// no one can guess one from its hash, however many hashes a second they try; a slow hash
+/// (argon2, bcrypt) would only make every request slower.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct KeyHash(String);
+
+impl KeyHash {
+    pub fn of(key: &str) -> KeyHash {
+        let digest = Sha256::digest(key.as_bytes());
+        KeyHash(hex(&digest))
+    }
+
+    pub fn as_str(&self) -> &str {
+        &self.0
+    }
+
+    /// Equal in time that does not depend on where the two differ.
+    fn matches(&self, stored: &str) -> bool {
+        self.0.as_bytes().ct_eq(stored.as_bytes()).into()
+    }
+}
+
+fn hex(bytes: &[u8]) -> String {
+    bytes.iter().map(|b| format!("{b:02x}")).collect()
+}
+
+pub const KEY_PREFIX: &str = "ck_";
+
+/// A fresh key: `ck_` and 32 random bytes in hex.
+pub fn generate_key() -> Result<String, getrandom::Error> {
+    let mut bytes = [0u8; 32];
+    getrandom::fill(&mut bytes)?;
+    Ok(format!("{KEY_PREFIX}{}", hex(&bytes)))
+}
+
+/// A key name: 1–64 of `A-Z a-z 0-9 . _ -`, starting with a letter or digit.
+pub fn valid_name(name: &str) -> Result<(), String> {
+    let ok = !name.is_empty()
+        && name.len() <= 64
+        && name.starts_with(|c: char| c.is_ascii_alphanumeric())
+        && name
+            .chars()
+            .all(|c| c.is_ascii_alphanumeric() || matches!(c, '.' | '_' | '-'));
+    if ok {
+        Ok(())
+    } else {
+        Err(format!(
+            "{name:?} is not a key name: 1-64 of A-Z a-z 0-9 . _ -, starting with a letter or digit"
+        ))
+    }
+}
+
+/// Why `api-keys create` or `revoke` did nothing.
+#[derive(Debug, thiserror::Error)]
+pub enum KeyError {
+    #[error("{0}")]
+    InvalidName(String),
+    #[error(
+        "an API key named {0:?} exists already (revoked or not; a name is never reused, so that no new caller inherits an old one's Idempotency-Keys)"
+    )]
+    NameTaken(String),
+    #[error("no API key is named {0:?}")]
+    NoSuchName(String),
+    #[error("the API key {0:?} is revoked already")]
+    AlreadyRevoked(String),
+    #[error("no randomness from the operating system: {0}")]
+    Random(getrandom::Error),
+    #[error(transparent)]
+    Store(#[from] StoreError),
+}
+
+/// Makes a key named `name`, keeps its hash, and returns the key (shown only this once).
+pub async fn create(db: &Database, name: &str) -> Result<NewKey, KeyError> {
+    valid_name(name).map_err(KeyError::InvalidName)?;
+    let key = generate_key().map_err(KeyError::Random)?;
+    let mut conn = db.acquire().await?;
+    if !api_keys::insert(conn.conn(), name, KeyHash::of(&key).as_str()).await? {
+        return Err(KeyError::NameTaken(name.to_owned()));
+    }
+    Ok(NewKey {
+        name: name.to_owned(),
+        key,
+    })
+}
+
+/// Revokes the key named `name`: from the next request on, on every instance, it is
+/// refused.
+pub async fn revoke(db: &Database, name: &str) -> Result<(), KeyError> {
+    let mut conn = db.acquire().await?;
+    if api_keys::revoke(conn.conn(), name).await? {
+        return Ok(());
+    }
+    match api_keys::list(conn.conn())
+        .await?
+        .into_iter()
+        .find(|k| k.name == name)
+    {
+        Some(_) => Err(KeyError::AlreadyRevoked(name.to_owned())),
+        None => Err(KeyError::NoSuchName(name.to_owned())),
+    }
+}
+
+/// Whether any API key was ever made (a revoked one counts).
+pub async fn keys_exist(db: &Database) -> Result<bool, StoreError> {
+    let mut conn = db.acquire().await?;
+    api_keys::any(conn.conn()).await
+}
+
+/// Every key, oldest first: names and times, never a key.
+pub async fn list(db: &Database) -> Result<Vec<api_keys::Listed>, StoreError> {
+    let mut conn = db.acquire().await?;
+    api_keys::list(conn.conn()).await
+}
+
+/// What a request's credentials come to.
+#[derive(Debug, PartialEq, Eq)]
+pub enum Verdict {
+    /// A valid key: the caller it names.
+    Caller(Caller),
+    /// No key needed (open): the anonymous caller.
+    Open,
+    /// Refused, and why (for the 401's detail; never the key).
+    Refused(Refusal),
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Refusal {
+    /// No `Authorization` header, and a key is needed.
+    Missing,
+    /// An `Authorization` header that is not `Bearer <key>`.
+    NotBearer,
+    /// A key no one made, or one that was revoked.
+    Invalid,
+}
+
+/// How often an open service (`auto`, no key yet) asks whether a key exists now.
+pub const KEYS_REFRESH: Duration = Duration::from_secs(1);
+
+/// The check each protected request goes through.
+#[derive(Clone, Debug)]
+pub struct Gate {
+    mode: AuthMode,
+    /// Whether the service listens on a loopback address only (`auto` may be open then).
+    loopback: bool,
+    db: Database,
+    /// Whether any key exists (a revoked one counts): once true, true for good.
+    keys_exist: Arc<AtomicBool>,
+}
+
+impl Gate {
+    /// `keys_exist`: as read at start-up.
+    pub fn new(mode: AuthMode, listen: SocketAddr, db: &Database, keys_exist: bool) -> Gate {
+        Gate {
+            mode,
+            loopback: listen.ip().is_loopback(),
+            db: db.clone(),
+            keys_exist: Arc::new(AtomicBool::new(keys_exist)),
+        }
+    }
+
+    pub fn mode(&self) -> AuthMode {
+        self.mode
+    }
+
+    /// Whether the service is open now: `off`, or `auto` on loopback while no key exists.
+    pub fn is_open(&self) -> bool {
+        match self.mode {
+            AuthMode::Off => true,
+            AuthMode::Required => false,
+            AuthMode::Auto => self.loopback && !self.keys_exist.load(Ordering::Acquire),
+        }
+    }
+
+    /// Asks every [`KEYS_REFRESH`] whether a key exists, while the service is open under
+    /// `auto`; ends once one does (or at once, when keys are not what opens it). A failed
+    /// question is logged and asked again; the service stays as it was (open on loopback
+    /// only, where a checkout needs the same database to charge).
+    pub async fn watch_for_keys(self) {
+        if self.mode != AuthMode::Auto || !self.is_open() {
+            return;
+        }
+        let mut tick = tokio::time::interval(KEYS_REFRESH);
+        tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        loop {
+            tick.tick().await;
+            if self.keys_exist.load(Ordering::Acquire) {
+                return;
+            }
+            match keys_exist(&self.db).await {
+                Ok(false) => {}
+                Ok(true) => {
+                    self.keys_exist.store(true, Ordering::Release);
+                    tracing::info!(
+                        "callers: an API key exists now: /checkout and /receipts need one from here on (CHECKOUT_AUTH=auto)"
+                    );
+                    return;
+                }
+                Err(err) => tracing::warn!("callers: cannot ask whether an API key exists: {err}"),
+            }
+        }
+    }
+
+    /// The verdict on a request's `Authorization` header (its value, if sent). A key that
+    /// is sent is always checked, open or not: a wrong key is refused, never ignored.
+    pub async fn check(&self, authorization: Option<&[u8]>) -> Result<Verdict, StoreError> {
+        if self.mode == AuthMode::Off {
+            return Ok(Verdict::Open);
+        }
+        let Some(header) = authorization else {
+            return Ok(if self.is_open() {
+                Verdict::Open
+            } else {
+                Verdict::Refused(Refusal::Missing)
+            });
+        };
+        let Some(key) = bearer(header) else {
+            return Ok(Verdict::Refused(Refusal::NotBearer));
+        };
+        let hash = KeyHash::of(key);
+        let mut conn = self.db.acquire().await?;
+        // The lookup is by the hash of what was sent, so its timing tells nothing about a
+        // stored key; the constant-time comparison of the hashes is a second lock.
+        Ok(match api_keys::find(conn.conn(), hash.as_str()).await? {
+            Some(found) if found.revoked_at.is_none() && hash.matches(&found.key_hash) => {
+                self.keys_exist.store(true, Ordering::Release);
+                Verdict::Caller(Caller(found.name))
+            }
+            _ => Verdict::Refused(Refusal::Invalid),
+        })
+    }
+}
+
+/// The key of `Bearer <key>` (the scheme's name in any case, RFC 9110 §11.1).
+fn bearer(header: &[u8]) -> Option<&str> {
+    let text = std::str::from_utf8(header).ok()?;
+    let (scheme, key) = text.split_once(' ')?;
+    let key = key.trim();
+    (scheme.eq_ignore_ascii_case("bearer") && !key.is_empty() && !key.contains(' ')).then_some(key)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_key_is_the_prefix_and_64_hex_digits_and_never_repeats() {
+        let a = generate_key().unwrap();
+        let b = generate_key().unwrap();
+        assert_eq!(a.len(), 3 + 64);
+        assert!(a.starts_with("ck_"));
+        assert!(a[3..].chars().all(|c| c.is_ascii_hexdigit()));
+        assert_ne!(a, b);
+    }
+
+    #[test]
+    fn the_hash_is_the_sha256_in_hex() {
+        // echo -n abc | sha256sum
+        assert_eq!(
+            KeyHash::of("abc").as_str(),
+            "ba7816bf8f01cfea414140de5dae2223b00361a396177a9cb410ff61f20015ad"
+        );
+        assert!(KeyHash::of("abc").matches(KeyHash::of("abc").as_str()));
+        assert!(!KeyHash::of("abc").matches(KeyHash::of("abd").as_str()));
+    }
+
+    #[test]
+    fn only_bearer_with_one_key_is_read() {
+        assert_eq!(bearer(b"Bearer ck_1"), Some("ck_1"));
+        assert_eq!(bearer(b"bearer ck_1"), Some("ck_1"));
+        assert_eq!(bearer(b"Basic dXNlcjpwYXNz"), None);
+        assert_eq!(bearer(b"Bearer "), None);
+        assert_eq!(bearer(b"Bearer a b"), None);
+        assert_eq!(bearer(b"ck_1"), None);
+    }
+
+    #[test]
+    fn names_are_checked() {
+        assert!(valid_name("shop-1.eu_west").is_ok());
+        assert!(valid_name("").is_err());
+        assert!(valid_name("-x").is_err());
+        assert!(valid_name("a b").is_err());
+        assert!(valid_name(&"a".repeat(65)).is_err());
+    }
+}

@@ -1,0 +1,387 @@
+//! Callers and their API keys, through HTTP on both databases: who is refused (401
+//! `unauthorized`, nothing charged), who is let in, how `CHECKOUT_AUTH` decides, and that
+//! Idempotency-Keys are scoped per caller. Keys are made and revoked with the same library
+//! calls `checkout api-keys` makes, on the service's own database, while it serves.
+
+use std::time::Duration;
+
+use crate::common::{Backend, Process, Reply, TestDb};
+use checkout::App;
+use checkout::caller::{self, AuthMode};
+use checkout::db::{Database, PoolSettings};
+use checkout::http::AppState;
+use tokio::sync::oneshot;
+
+/// The service in this process with `auth`, and a handle on its database.
+struct Service {
+    db: TestDb,
+    _model: checkout::model::scripted::ScriptedModel,
+    state: AppState,
+    base: String,
+    http: reqwest::Client,
+    _stop: oneshot::Sender<()>,
+}
+
+impl Service {
+    async fn start(backend: Backend, auth: AuthMode) -> Service {
+        let db = TestDb::new(backend).await;
+        let model = crate::common::scripted("").await;
+        let mut settings = crate::common::test_settings(&db, &model);
+        settings.server.auth = auth;
+        let listener = tokio::net::TcpListener::bind(settings.server.listen)
+            .await
+            .expect("bind");
+        let base = format!("http://{}", listener.local_addr().unwrap());
+        let app = App::build(settings).await.expect("the service starts");
+        let state = app.state().clone();
+        let (stop, stopped) = oneshot::channel::<()>();
+        tokio::spawn(app.serve(listener, async {
+            let _ = stopped.await;
+        }));
+        Service {
+            db,
+            _model: model,
+            state,
+            base,
+            http: crate::common::client(),
+            _stop: stop,
+        }
+    }
+
+    /// A new key named `name`, as `checkout api-keys create NAME` makes it.
+    async fn create_key(&self, name: &str) -> String {
+        caller::create(self.state.db(), name).await.unwrap().key
+    }
+
+    async fn revoke_key(&self, name: &str) {
+        caller::revoke(self.state.db(), name).await.unwrap()
+    }
+
+    async fn checkout(&self, order: &str, headers: &[(&str, &str)]) -> Reply {
+        let url = format!("{}/checkout?orderId={order}&amount=42.50", self.base);
+        crate::common::post(&self.http, &url, headers, None).await
+    }
+
+    async fn get(&self, path: &str, headers: &[(&str, &str)]) -> Reply {
+        let mut request = self.http.get(format!("{}{path}", self.base));
+        for (name, value) in headers {
+            request = request.header(*name, *value);
+        }
+        Reply::read(request.send().await.expect("GET")).await
+    }
+}
+
+/// Waits until a request without a key is refused (a read, so that the requests sent
+/// while the service is still open charge nothing); how long that took.
+async fn until_keys_are_required(s: &Service) -> Duration {
+    let start = std::time::Instant::now();
+    loop {
+        let reply = s.get("/receipts/NONE", &[]).await;
+        if reply.status == 401 {
+            return start.elapsed();
+        }
+        assert_eq!(reply.status, 404, "{}", reply.text());
+        assert!(
+            start.elapsed() < caller::KEYS_REFRESH * 3,
+            "still open {:?} after the first key",
+            start.elapsed()
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+fn bearer(key: &str) -> String {
+    format!("Bearer {key}")
+}
+
+/// A 401 `unauthorized` problem with this challenge.
+fn assert_unauthorized(reply: &Reply, challenge: &str) {
+    let problem = reply.problem(401);
+    assert_eq!(problem["code"], "unauthorized", "{}", reply.text());
+    assert_eq!(problem["status"], 401);
+    assert_eq!(reply.header("www-authenticate"), Some(challenge));
+}
+
+both_backends!(
+    without_a_key_checkout_is_401_and_charges_nothing,
+    |backend| async move {
+        let s = Service::start(backend, AuthMode::Auto).await;
+        s.create_key("shop").await;
+        until_keys_are_required(&s).await;
+        let reply = s.checkout("A-1", &[]).await;
+        assert_unauthorized(&reply, "Bearer");
+        let reply = s.get("/receipts/A-1", &[]).await;
+        assert_unauthorized(&reply, "Bearer");
+        assert_eq!(s.db.all_receipts().await, 0);
+        assert_eq!(
+            s.db.count("SELECT count(*) FROM idempotency_keys", None)
+                .await,
+            0
+        );
+    }
+);
+
+both_backends!(
+    a_valid_key_charges_and_once_revoked_is_401,
+    |backend| async move {
+        let s = Service::start(backend, AuthMode::Auto).await;
+        let key = s.create_key("shop").await;
+        let auth = bearer(&key);
+        let reply = s.checkout("A-2", &[("authorization", &auth)]).await;
+        assert_eq!(reply.status, 200, "{}", reply.text());
+        assert_eq!(reply.json()["charged"], true);
+        let receipt = s.get("/receipts/A-2", &[("authorization", &auth)]).await;
+        assert_eq!(receipt.status, 200, "{}", receipt.text());
+        assert_eq!(receipt.json()["orderId"], "A-2");
+        assert_eq!(s.db.all_receipts().await, 1);
+
+        s.revoke_key("shop").await;
+        let reply = s.checkout("A-3", &[("authorization", &auth)]).await;
+        assert_unauthorized(&reply, "Bearer error=\"invalid_token\"");
+        assert_eq!(s.db.receipts("A-3").await, 0);
+        assert_eq!(s.db.all_receipts().await, 1);
+    }
+);
+
+both_backends!(a_wrong_key_or_another_scheme_is_401, |backend| async move {
+    let s = Service::start(backend, AuthMode::Auto).await;
+    let key = s.create_key("shop").await;
+    // The right key with its last digit changed.
+    let mut wrong = key.clone();
+    let last = if wrong.ends_with('0') { "1" } else { "0" };
+    wrong.replace_range(wrong.len() - 1.., last);
+    let reply = s
+        .checkout("A-4", &[("authorization", &bearer(&wrong))])
+        .await;
+    assert_unauthorized(&reply, "Bearer error=\"invalid_token\"");
+    let reply = s
+        .checkout("A-4", &[("authorization", "Basic c2hvcDpzZWNyZXQ=")])
+        .await;
+    assert_unauthorized(&reply, "Bearer");
+    let reply = s.checkout("A-4", &[("authorization", &key)]).await;
+    assert_unauthorized(&reply, "Bearer");
+    assert_eq!(s.db.all_receipts().await, 0);
+});
+
+both_backends!(
+    the_same_idempotency_key_from_two_callers_is_two_operations,
+    |backend| async move {
+        let s = Service::start(backend, AuthMode::Auto).await;
+        let alice = bearer(&s.create_key("alice").await);
+        let bob = bearer(&s.create_key("bob").await);
+        let carol = bearer(&s.create_key("carol").await);
+        let key = ("idempotency-key", "\"shared-key-1\"");
+
+        let first = s.checkout("B-1", &[("authorization", &alice), key]).await;
+        assert_eq!(first.status, 200, "{}", first.text());
+        assert_eq!(first.json()["charged"], true);
+
+        // Bob's use of the key is his own operation: another order is charged, where one
+        // caller reusing the key for another order meets 422 key_reuse.
+        let other = s.checkout("B-2", &[("authorization", &bob), key]).await;
+        assert_eq!(other.status, 200, "{}", other.text());
+        assert_eq!(other.json()["charged"], true);
+        let reuse = s.checkout("B-2", &[("authorization", &alice), key]).await;
+        assert_eq!(reuse.problem(422)["code"], "key_reuse");
+
+        // Carol, same key and same order as Alice's: not her saved answer replayed
+        // (idempotent-replayed) but an operation of her own, which finds the order's
+        // receipt. (Its `charged` is wrong today: see the ignored test below.)
+        let carols = s.checkout("B-1", &[("authorization", &carol), key]).await;
+        assert_eq!(carols.status, 200, "{}", carols.text());
+        assert_eq!(carols.header("idempotent-replayed"), None);
+        assert_eq!(
+            carols.json()["receipt"]["id"],
+            first.json()["receipt"]["id"]
+        );
+        // Alice's repeat is a replay of her own answer.
+        let again = s.checkout("B-1", &[("authorization", &alice), key]).await;
+        assert_eq!(again.header("idempotent-replayed"), Some("true"));
+        assert_eq!(again.body, first.body);
+
+        assert_eq!(s.db.receipts("B-1").await, 1);
+        assert_eq!(s.db.receipts("B-2").await, 1);
+        assert_eq!(s.db.all_receipts().await, 2);
+        assert_eq!(
+            s.db.count("SELECT count(*) FROM idempotency_keys", None)
+                .await,
+            3
+        );
+    }
+);
+
+/// A known bug, left for the operation key's owner: `charged` is computed by comparing
+/// the receipt's `operation_key` with the operation's, and a client's Idempotency-Key is
+/// not scoped by caller there (only in `idempotency_keys`). So another caller's operation
+/// under the same Idempotency-Key is told it made a charge it did not make.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "fails: receipts.operation_key is the bare Idempotency-Key, not caller-scoped"]
+async fn another_callers_operation_with_the_same_key_did_not_charge() {
+    let s = Service::start(Backend::Sqlite, AuthMode::Auto).await;
+    let alice = bearer(&s.create_key("alice").await);
+    let carol = bearer(&s.create_key("carol").await);
+    let key = ("idempotency-key", "\"shared-key-2\"");
+    let first = s.checkout("G-1", &[("authorization", &alice), key]).await;
+    assert_eq!(first.json()["charged"], true);
+    let carols = s.checkout("G-1", &[("authorization", &carol), key]).await;
+    assert_eq!(carols.status, 200, "{}", carols.text());
+    assert_eq!(carols.json()["charged"], false, "{}", carols.text());
+}
+
+both_backends!(
+    auto_is_open_on_loopback_until_the_first_key_and_stays_closed_after_revoking,
+    |backend| async move {
+        let s = Service::start(backend, AuthMode::Auto).await;
+        let open = s.checkout("C-1", &[]).await;
+        assert_eq!(open.status, 200, "{}", open.text());
+        // A key that is sent is checked even while the service is open.
+        let reply = s
+            .checkout("C-9", &[("authorization", "Bearer ck_none")])
+            .await;
+        assert_unauthorized(&reply, "Bearer error=\"invalid_token\"");
+
+        s.create_key("first").await;
+        let took = until_keys_are_required(&s).await;
+        assert!(took <= caller::KEYS_REFRESH * 2, "{took:?}");
+        let reply = s.checkout("C-2", &[]).await;
+        assert_unauthorized(&reply, "Bearer");
+        s.revoke_key("first").await;
+        let reply = s.checkout("C-2", &[]).await;
+        assert_unauthorized(&reply, "Bearer");
+        assert_eq!(s.db.all_receipts().await, 1);
+    }
+);
+
+both_backends!(
+    required_refuses_while_no_key_exists_and_off_reads_none,
+    |backend| async move {
+        let s = Service::start(backend, AuthMode::Required).await;
+        let reply = s.checkout("D-1", &[]).await;
+        assert_unauthorized(&reply, "Bearer");
+        assert_eq!(s.db.all_receipts().await, 0);
+
+        let s = Service::start(backend, AuthMode::Off).await;
+        s.create_key("shop").await;
+        let reply = s.checkout("D-2", &[]).await;
+        assert_eq!(reply.status, 200, "{}", reply.text());
+        let reply = s
+            .checkout("D-3", &[("authorization", "Bearer ck_none")])
+            .await;
+        assert_eq!(reply.status, 200, "{}", reply.text());
+        assert_eq!(s.db.all_receipts().await, 2);
+    }
+);
+
+both_backends!(
+    health_the_api_document_and_swagger_ui_stay_open,
+    |backend| async move {
+        let s = Service::start(backend, AuthMode::Required).await;
+        for path in [
+            "/health/live",
+            "/health/ready",
+            "/api-docs/openapi.json",
+            "/swagger-ui/",
+        ] {
+            let reply = s.get(path, &[]).await;
+            assert_eq!(reply.status, 200, "{path}: {}", reply.text());
+        }
+    }
+);
+
+/// Another instance on the same Postgres (here: another pool, as another process would
+/// have) makes a key: the service needs keys within KEYS_REFRESH; the key counts, and
+/// its revocation, from the very next request.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_key_made_by_another_instance_closes_the_service_within_a_refresh() {
+    let s = Service::start(Backend::Postgres, AuthMode::Auto).await;
+    assert_eq!(s.checkout("E-1", &[]).await.status, 200);
+    let other = Database::open(
+        &s.db.url,
+        &PoolSettings {
+            max_connections: 1,
+            acquire_timeout: Duration::from_secs(5),
+        },
+    )
+    .await
+    .unwrap();
+    let key = caller::create(&other, "elsewhere").await.unwrap().key;
+    let took = until_keys_are_required(&s).await;
+    assert!(took <= caller::KEYS_REFRESH * 2, "{took:?}");
+    assert_unauthorized(&s.checkout("E-2", &[]).await, "Bearer");
+    let reply = s.checkout("E-2", &[("authorization", &bearer(&key))]).await;
+    assert_eq!(reply.status, 200, "{}", reply.text());
+    caller::revoke(&other, "elsewhere").await.unwrap();
+    let reply = s.checkout("E-3", &[("authorization", &bearer(&key))]).await;
+    assert_unauthorized(&reply, "Bearer error=\"invalid_token\"");
+    assert_eq!(s.db.all_receipts().await, 2);
+}
+
+/// `CHECKOUT_AUTH=auto` on an address others can reach, with no key: exit status 2,
+/// naming the setting, before it serves; `off` starts there, loudly.
+#[test]
+fn auto_on_a_non_loopback_address_without_a_key_refuses_to_start() {
+    let dir = tempfile::tempdir().unwrap();
+    let url = format!("sqlite://{}", dir.path().join("c.db").display());
+    let mut process = Process::spawn(&[("CHECKOUT_LISTEN", "0.0.0.0:0"), ("DATABASE_URL", &url)]);
+    let status = process.wait(Duration::from_secs(20));
+    assert_eq!(status.code(), Some(2), "{:#?}", process.logs());
+    let logs = process.logs().join("\n");
+    assert!(
+        logs.contains("CHECKOUT_AUTH=auto serves without API keys only on a loopback address"),
+        "{logs}"
+    );
+    assert!(!logs.contains("listening on"), "{logs}");
+
+    let process = Process::start(&[
+        ("CHECKOUT_LISTEN", "0.0.0.0:0"),
+        ("DATABASE_URL", &url),
+        ("CHECKOUT_AUTH", "off"),
+    ]);
+    let logs = process.logs().join("\n");
+    assert!(
+        logs.contains("callers: CHECKOUT_AUTH=off: /checkout and /receipts are open to anyone"),
+        "{logs}"
+    );
+}
+
+/// At the most verbose level, no log line carries the API key a request sent.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_api_key_is_never_logged() {
+    let dir = tempfile::tempdir().unwrap();
+    let url = format!("sqlite://{}", dir.path().join("c.db").display());
+    let key = {
+        let db = Database::open(
+            &url,
+            &PoolSettings {
+                max_connections: 1,
+                acquire_timeout: Duration::from_secs(5),
+            },
+        )
+        .await
+        .unwrap();
+        let key = caller::create(&db, "shop").await.unwrap().key;
+        db.close().await;
+        key
+    };
+    let process = Process::start(&[("DATABASE_URL", &url), ("RUST_LOG", "trace")]);
+    let http = crate::common::client();
+    let url = process.url("/checkout?orderId=F-1&amount=1.00");
+    let ok = crate::common::post(&http, &url, &[("authorization", &bearer(&key))], None).await;
+    assert_eq!(ok.status, 200, "{}", ok.text());
+    let wrong = format!("{key}0");
+    let refused =
+        crate::common::post(&http, &url, &[("authorization", &bearer(&wrong))], None).await;
+    assert_eq!(refused.status, 401);
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    let logs = process.logs();
+    assert!(logs.len() > 50, "trace logs expected: {logs:#?}");
+    let hex = &key[3..];
+    for line in &logs {
+        assert!(!line.contains(hex), "the key is in the log: {line}");
+    }
+    assert!(
+        logs.iter()
+            .any(|l| l.contains("request refused: no valid API key")),
+        "{logs:#?}"
+    );
+}
