@@ -164,7 +164,7 @@ impl Inner {
                     ),
                 };
                 return Ok(CheckoutOutcome {
-                    charged: receipt.operation_key == ctx.operation_key().as_str(),
+                    charged: ctx.made(&receipt),
                     receipt,
                     message,
                     attempts: attempt,

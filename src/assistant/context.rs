@@ -70,6 +70,13 @@ impl CheckoutContext {
         }))
     }
 
+    /// Whether this operation made `receipt`: its key, and its caller's (the same
+    /// Idempotency-Key from two callers is two operations).
+    pub fn made(&self, receipt: &Receipt) -> bool {
+        receipt.operation_key == self.operation_key().as_str()
+            && receipt.caller == self.0.journal.scope
+    }
+
     pub fn journal_key(&self) -> &JournalKey {
         &self.0.journal
     }
@@ -152,7 +159,7 @@ impl CheckoutContext {
     pub async fn charge_report(&self, gateway: &PaymentGateway) -> ChargeReport {
         let order = self.order().id().clone();
         let by_us = |receipt: &Receipt| {
-            if receipt.operation_key == self.operation_key().as_str() {
+            if self.made(receipt) {
                 ChargeStatus::Charged(receipt.clone())
             } else {
                 ChargeStatus::NotCharged

@@ -104,6 +104,7 @@ impl ToolBox {
                 ctx.charge_key(),
                 order.amount(),
                 ctx.operation_key(),
+                &ctx.journal_key().scope,
                 |made| {
                     let entry = journal(charge_result(made, false));
                     journaled = entry.is_some();

@@ -10,8 +10,8 @@ use axum::http::{HeaderValue, header};
 use axum::middleware::Next;
 use axum::response::{IntoResponse, Response};
 
-use super::state::AppState;
 use super::error::{Code, Problem};
+use super::state::AppState;
 use crate::caller::{Refusal, Verdict};
 
 pub async fn require_caller(

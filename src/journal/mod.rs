@@ -192,7 +192,7 @@ const PG_INSERT: &str = concat!(
     " RETURNING scope, operation_key, step"
 );
 
-/// The journal half of the receipts' group insert on Postgres (`$7 … $19`, after the six
+/// The journal half of the receipts' group insert on Postgres (`$8 … $20`, after the seven
 /// receipt arrays): a data-modifying CTE that writes the rows of the receipts its
 /// `charged` CTE inserted, in the same statement and so the same commit.
 macro_rules! pg_with_charged {
@@ -200,8 +200,8 @@ macro_rules! pg_with_charged {
         concat!(
             "journaled AS (",
             $crate::journal::pg_insert!(
-                "$7::text[], $8::text[], $9::text[], $10::int8[], $11::text[], $12::text[], $13::text[], \
-                 $14::text[], $15::text[], $16::int8[], $17::int8[], $18::int8[], $19::int8[]",
+                "$8::text[], $9::text[], $10::text[], $11::int8[], $12::text[], $13::text[], $14::text[], \
+                 $15::text[], $16::text[], $17::int8[], $18::int8[], $19::int8[], $20::int8[]",
                 concat!(
                     "e.receipt IN (SELECT id FROM charged) AND ",
                     $crate::journal::holds_lease!(" FOR SHARE")

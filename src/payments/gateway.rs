@@ -51,22 +51,23 @@ impl PaymentGateway {
         amount: Money,
         operation: &OperationKey,
     ) -> Result<Charged, ChargeError> {
-        self.charge_journaled(key, amount, operation, |_| None)
+        self.charge_journaled(key, amount, operation, "", |_| None)
             .await
     }
 
-    /// [`Self::charge`], committing `journal`'s entry with the receipt when this call
-    /// makes it: the assistant's record of the charge's tool result.
+    /// [`Self::charge`] for `caller`'s operation, committing `journal`'s entry with the
+    /// receipt when this call makes it: the assistant's record of the charge's tool result.
     pub async fn charge_journaled(
         &self,
         key: &ChargeKey,
         amount: Money,
         operation: &OperationKey,
+        caller: &str,
         journal: impl FnOnce(&Receipt) -> Option<NewEntry>,
     ) -> Result<Charged, ChargeError> {
         match self
             .store
-            .charge_journaled(key, amount, operation, journal)
+            .charge_journaled(key, amount, operation, caller, journal)
             .await?
         {
             ChargeOutcome::Created(receipt) => Ok(Charged {

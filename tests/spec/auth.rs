@@ -210,12 +210,10 @@ both_backends!(
     }
 );
 
-/// A known bug, left for the operation key's owner: `charged` is computed by comparing
-/// the receipt's `operation_key` with the operation's, and a client's Idempotency-Key is
-/// not scoped by caller there (only in `idempotency_keys`). So another caller's operation
-/// under the same Idempotency-Key is told it made a charge it did not make.
+/// `charged` says whether this operation made the charge, and an operation is its
+/// caller's: another caller's operation under the same Idempotency-Key did not make
+/// Alice's charge (receipts record the caller beside the operation key).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-#[ignore = "fails: receipts.operation_key is the bare Idempotency-Key, not caller-scoped"]
 async fn another_callers_operation_with_the_same_key_did_not_charge() {
     let s = Service::start(Backend::Sqlite, AuthMode::Auto).await;
     let alice = bearer(&s.create_key("alice").await);

@@ -52,18 +52,20 @@ impl Receipts {
         amount: Money,
         operation: &OperationKey,
     ) -> Result<ChargeOutcome, StoreError> {
-        self.charge_journaled(key, amount, operation, |_| None)
+        self.charge_journaled(key, amount, operation, "", |_| None)
             .await
     }
 
-    /// [`Self::charge`], where `journal` gives the journal entry that commits with the
-    /// receipt when this call makes it (in the same statement or transaction): a resumed
-    /// loop then finds the charge's tool result whenever it finds the charge.
+    /// [`Self::charge`] for `caller`'s operation, where `journal` gives the journal entry
+    /// that commits with the receipt when this call makes it (in the same statement or
+    /// transaction): a resumed loop then finds the charge's tool result whenever it finds
+    /// the charge.
     pub async fn charge_journaled(
         &self,
         key: &ChargeKey,
         amount: Money,
         operation: &OperationKey,
+        caller: &str,
         journal: impl FnOnce(&Receipt) -> Option<NewEntry>,
     ) -> Result<ChargeOutcome, StoreError> {
         let receipt = NewReceipt {
@@ -71,6 +73,7 @@ impl Receipts {
             order_id: key.order_id().as_str().to_owned(),
             amount,
             operation_key: operation.as_str().to_owned(),
+            caller: caller.to_owned(),
             created_at: Utc::now().trunc_subsecs(6),
         };
         let entry = journal(&Receipt {
@@ -78,6 +81,7 @@ impl Receipts {
             order_id: key.order_id().clone(),
             amount,
             operation_key: receipt.operation_key.clone(),
+            caller: receipt.caller.clone(),
             created_at: receipt.created_at,
         });
         if let Some(receipt) = self.writer.write(ChargeRow { receipt, entry }).await? {

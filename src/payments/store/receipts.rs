@@ -25,6 +25,8 @@ pub struct Receipt {
     pub amount: Money,
     /// The operation that made the charge (its `Idempotency-Key`, or the minted UUIDv7).
     pub operation_key: String,
+    /// Whose operation it was ('' for an anonymous caller).
+    pub caller: String,
     pub created_at: DateTime<Utc>,
 }
 
@@ -36,6 +38,7 @@ pub struct NewReceipt {
     pub order_id: String,
     pub amount: Money,
     pub operation_key: String,
+    pub caller: String,
     pub created_at: DateTime<Utc>,
 }
 
@@ -52,22 +55,21 @@ pub struct ChargeRow {
 /// commit) the journal entries of those that went in.
 const INSERT_UNNEST: &str = concat!(
     "WITH charged AS (",
-    "INSERT INTO receipts (id, order_id, amount_minor, currency, operation_key, created_at) ",
-    "SELECT * FROM UNNEST($1::uuid[], $2::text[], $3::int8[], $4::text[], $5::text[], $6::timestamptz[]) ",
+    "INSERT INTO receipts (id, order_id, amount_minor, currency, operation_key, created_at, caller) ",
+    "SELECT * FROM UNNEST($1::uuid[], $2::text[], $3::int8[], $4::text[], $5::text[], $6::timestamptz[], $7::text[]) ",
     "ON CONFLICT (order_id) DO NOTHING ",
-    "RETURNING CAST(id AS TEXT) AS id, order_id, amount_minor, currency, operation_key, created_at), ",
+    "RETURNING CAST(id AS TEXT) AS id, order_id, amount_minor, currency, operation_key, caller, created_at), ",
     journal::pg_with_charged!(),
     " SELECT * FROM charged"
 );
 
 /// SQLite has no arrays: a multi-row `VALUES` between these two, prepared in microseconds.
-const INSERT_VALUES: &str =
-    "INSERT INTO receipts (id, order_id, amount_minor, currency, operation_key, created_at) ";
+const INSERT_VALUES: &str = "INSERT INTO receipts (id, order_id, amount_minor, currency, operation_key, created_at, caller) ";
 const ON_CONFLICT: &str = " ON CONFLICT (order_id) DO NOTHING \
-    RETURNING CAST(id AS TEXT) AS id, order_id, amount_minor, currency, operation_key, created_at";
+    RETURNING CAST(id AS TEXT) AS id, order_id, amount_minor, currency, operation_key, caller, created_at";
 
 const FIND: &str = "\
-    SELECT CAST(id AS TEXT) AS id, order_id, amount_minor, currency, operation_key, created_at \
+    SELECT CAST(id AS TEXT) AS id, order_id, amount_minor, currency, operation_key, caller, created_at \
     FROM receipts WHERE order_id = $1";
 
 /// The group writer's side of the table.
@@ -127,7 +129,8 @@ pub async fn insert(conn: Conn<'_>, rows: &[ChargeRow]) -> Result<Vec<Receipt>, 
                         .map(|r| r.operation_key.as_str())
                         .collect::<Vec<_>>(),
                 )
-                .bind(rows.iter().map(|r| r.created_at).collect::<Vec<_>>());
+                .bind(rows.iter().map(|r| r.created_at).collect::<Vec<_>>())
+                .bind(rows.iter().map(|r| r.caller.as_str()).collect::<Vec<_>>());
             entries.bind(query).fetch_all(c).await?
         }
         Conn::Sqlite(c) => {
@@ -140,7 +143,8 @@ pub async fn insert(conn: Conn<'_>, rows: &[ChargeRow]) -> Result<Vec<Receipt>, 
                     .push_bind(row.amount.minor())
                     .push_bind(row.amount.currency().code())
                     .push_bind(row.operation_key.clone())
-                    .push_bind(row.created_at.to_rfc3339_opts(SecondsFormat::Micros, true));
+                    .push_bind(row.created_at.to_rfc3339_opts(SecondsFormat::Micros, true))
+                    .push_bind(row.caller.clone());
             });
             statement.push(ON_CONFLICT);
             let stored: Vec<Stored> = statement.build_query_as().fetch_all(&mut *tx).await?;
@@ -179,6 +183,7 @@ struct Stored {
     amount_minor: i64,
     currency: String,
     operation_key: String,
+    caller: String,
     created_at: DateTime<Utc>,
 }
 
@@ -196,6 +201,7 @@ impl Stored {
             amount: Money::from_minor(self.amount_minor, currency)
                 .map_err(|e| corrupt(format!("amount {e}")))?,
             operation_key: self.operation_key,
+            caller: self.caller,
             created_at: self.created_at,
         })
     }
