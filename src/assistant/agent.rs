@@ -109,6 +109,8 @@ impl Inner {
         let mut receipt: Option<Receipt> = None;
         let mut nudges = 0;
         let mut step = 0;
+        // Steps made but not yet journaled: an answer waits for its first tool's result.
+        let mut pending = Vec::new();
         let mut rounds = self.model.metrics().loop_rounds();
         for round in 1..=limits.max_rounds {
             rounds.reached(round);
@@ -127,16 +129,21 @@ impl Inner {
                             .await
                             .map_err(FailureKind::Model)?;
                     ctx.used(&completion);
-                    let entry =
-                        self.memory
-                            .answer(ctx, step, &completion.message, completion.usage, &pins);
-                    // Committed before any tool it asks for runs.
-                    self.memory.remember(entry).await?;
+                    // Journaled with the first tool result it leads to (in the tool's
+                    // own commit, when it has an effect), or alone if it asks for none.
+                    pending.extend(self.memory.answer(
+                        ctx,
+                        step,
+                        &completion.message,
+                        completion.usage,
+                        &pins,
+                    ));
                     completion.message
                 }
             };
             let calls = reply.tool_calls.unwrap_or_default();
             if calls.is_empty() {
+                self.memory.remember(std::mem::take(&mut pending)).await?;
                 let Some(receipt) = receipt else {
                     if nudges == limits.max_nudges {
                         return Err(FailureKind::ModelDidNotCharge);
@@ -183,12 +190,24 @@ impl Inner {
                         self.tools.replayed(ctx, step, &call, content).await?
                     }
                     None => {
-                        let journal = |content| self.memory.tool(ctx, step, &call, content);
-                        let output = Box::pin(self.tools.dispatch(ctx, &call, journal)).await?;
+                        // The answer (if not yet journaled) and this result: committed
+                        // with the tool's effect, or appended once the tool is done.
+                        let entries = |content| {
+                            let mut entries = pending.clone();
+                            entries.extend(self.memory.tool(ctx, step, &call, content));
+                            entries
+                        };
+                        let output = Box::pin(self.tools.dispatch(ctx, &call, entries)).await?;
                         if !output.journaled {
-                            let entry = self.memory.tool(ctx, step, &call, output.content.clone());
-                            self.memory.remember(entry).await?;
+                            pending.extend(self.memory.tool(
+                                ctx,
+                                step,
+                                &call,
+                                output.content.clone(),
+                            ));
+                            self.memory.remember(std::mem::take(&mut pending)).await?;
                         }
+                        pending.clear();
                         output
                     }
                 };

@@ -2,9 +2,10 @@
 //! attempt to resume where the last one stopped, and written step by step as it goes.
 //!
 //! A step is a model answer or a tool result, numbered 1, 2, … after the opening prompt.
-//! A model answer is committed before any tool it asks for runs; a charge's result
-//! commits with its receipt (the tool hands the gateway the entry); only final outcomes
-//! are written: a failed request, a timeout or a database error leaves the step open, so
+//! A model answer is committed no later than the first effect of a tool it asks for: with
+//! that tool's result, in the effect's own commit (a charge hands the gateway both
+//! entries, which commit with the receipt), or with a result that had no effect, before
+//! the next answer is asked for. Only final outcomes are written: a failed request, a timeout or a database error leaves the step open, so
 //! it runs again. The first answer pins what the journal is valid for (the request, the
 //! model, the prompt and the tools); under other pins the operation starts afresh, which
 //! is safe because every effect is keyed.
@@ -83,12 +84,13 @@ impl Memory {
         Ok(Replay::default())
     }
 
-    /// Writes `entry` (if the journal is on) and waits for its commit.
-    pub async fn remember(&self, entry: Option<NewEntry>) -> Result<(), JournalFailure> {
-        let (Some(journal), Some(entry)) = (&self.journal, entry) else {
+    /// Writes `entries` (one operation's next steps; none when the journal is off) and
+    /// waits for their commit.
+    pub async fn remember(&self, entries: Vec<NewEntry>) -> Result<(), JournalFailure> {
+        let Some(journal) = &self.journal else {
             return Ok(());
         };
-        if journal.append(entry).await? {
+        if journal.append(entries).await? {
             Ok(())
         } else {
             Err(JournalFailure::LeaseLost)

@@ -25,7 +25,7 @@ pub struct ToolOutput {
     pub content: String,
     /// The receipt, when this call charged or found the order's charge.
     pub receipt: Option<Receipt>,
-    /// The result's journal entry committed with the effect (a charge that made its
+    /// The result's journal entries committed with the effect (a charge that made its
     /// receipt); otherwise the loop journals the result itself.
     pub journaled: bool,
 }
@@ -72,7 +72,7 @@ impl ToolBox {
         &self,
         ctx: &CheckoutContext,
         call: &ToolCall,
-        journal: impl FnOnce(String) -> Option<NewEntry>,
+        journal: impl FnOnce(String) -> Vec<NewEntry>,
     ) -> Result<ToolOutput, ToolFailure> {
         let span = genai::execute_tool(&call.function.name, &call.id);
         self.run(ctx, call, journal).instrument(span).await
@@ -82,7 +82,7 @@ impl ToolBox {
         &self,
         ctx: &CheckoutContext,
         call: &ToolCall,
-        journal: impl FnOnce(String) -> Option<NewEntry>,
+        journal: impl FnOnce(String) -> Vec<NewEntry>,
     ) -> Result<ToolOutput, ToolFailure> {
         if call.function.name != CHARGE {
             return Ok(refused(format!(
@@ -106,9 +106,9 @@ impl ToolBox {
                 ctx.operation_key(),
                 &ctx.journal_key().scope,
                 |made| {
-                    let entry = journal(charge_result(made, false));
-                    journaled = entry.is_some();
-                    entry
+                    let entries = journal(charge_result(made, false));
+                    journaled = !entries.is_empty();
+                    entries
                 },
             )
             .await

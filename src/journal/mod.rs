@@ -87,10 +87,13 @@ impl Journal {
         }
     }
 
-    /// Appends `entry` with the next group. False when it was not written: the lease is
-    /// no longer the entry's, or another writer has this step.
-    pub async fn append(&self, entry: NewEntry) -> Result<bool, StoreError> {
-        self.writer.write(entry).await
+    /// Appends `entries` (one operation's next steps) with the next group. False when
+    /// not all were written: the lease is no longer theirs, or another writer has a step.
+    pub async fn append(&self, entries: Vec<NewEntry>) -> Result<bool, StoreError> {
+        if entries.is_empty() {
+            return Ok(true);
+        }
+        self.writer.write(entries).await
     }
 
     /// The journal of an operation, step by step.
@@ -230,25 +233,30 @@ const SQLITE_INSERT_TAIL: &str = concat!(
 struct Entries;
 
 impl GroupWrite for Entries {
-    type Row = NewEntry;
-    /// Whether the row was written.
+    /// One operation's next steps, appended together.
+    type Row = Vec<NewEntry>;
+    /// Whether every one of them was written.
     type Out = bool;
 
-    fn order(a: &NewEntry, b: &NewEntry) -> Ordering {
-        (&a.key.scope, &a.key.operation_key, a.step).cmp(&(
-            &b.key.scope,
-            &b.key.operation_key,
-            b.step,
-        ))
+    fn order(a: &Vec<NewEntry>, b: &Vec<NewEntry>) -> Ordering {
+        let first = |rows: &Vec<NewEntry>| {
+            rows.first()
+                .map(|r| (r.key.scope.clone(), r.key.operation_key.clone(), r.step))
+        };
+        first(a).cmp(&first(b))
     }
 
-    async fn write(&self, conn: Conn<'_>, rows: &[NewEntry]) -> Result<Vec<bool>, StoreError> {
+    async fn write(&self, conn: Conn<'_>, rows: &[Vec<NewEntry>]) -> Result<Vec<bool>, StoreError> {
         let written: Vec<(String, String, i64)> =
-            insert(conn, rows.iter().map(|r| (None, r))).await?;
+            insert(conn, rows.iter().flatten().map(|r| (None, r))).await?;
         let written: HashSet<(String, String, i64)> = written.into_iter().collect();
         Ok(rows
             .iter()
-            .map(|r| written.contains(&(r.key.scope.clone(), r.key.operation_key.clone(), r.step)))
+            .map(|steps| {
+                steps.iter().all(|r| {
+                    written.contains(&(r.key.scope.clone(), r.key.operation_key.clone(), r.step))
+                })
+            })
             .collect())
     }
 }

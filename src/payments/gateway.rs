@@ -51,11 +51,11 @@ impl PaymentGateway {
         amount: Money,
         operation: &OperationKey,
     ) -> Result<Charged, ChargeError> {
-        self.charge_journaled(key, amount, operation, "", |_| None)
+        self.charge_journaled(key, amount, operation, "", |_| Vec::new())
             .await
     }
 
-    /// [`Self::charge`] for `caller`'s operation, committing `journal`'s entry with the
+    /// [`Self::charge`] for `caller`'s operation, committing `journal`'s entries with the
     /// receipt when this call makes it: the assistant's record of the charge's tool result.
     pub async fn charge_journaled(
         &self,
@@ -63,7 +63,7 @@ impl PaymentGateway {
         amount: Money,
         operation: &OperationKey,
         caller: &str,
-        journal: impl FnOnce(&Receipt) -> Option<NewEntry>,
+        journal: impl FnOnce(&Receipt) -> Vec<NewEntry>,
     ) -> Result<Charged, ChargeError> {
         match self
             .store

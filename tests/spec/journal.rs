@@ -183,7 +183,7 @@ async fn only_the_lease_holder_appends(backend: Backend) {
         output_tokens: None,
         ttl_ms: 60_000,
     };
-    assert!(journal.append(entry(1, 1)).await.unwrap());
+    assert!(journal.append(vec![entry(1, 1)]).await.unwrap());
     // The first holder goes quiet; its lease lapses and the key is taken over.
     assert!(
         records
@@ -197,15 +197,15 @@ async fn only_the_lease_holder_appends(backend: Backend) {
     };
     assert_eq!(second.fence, 2);
     assert!(
-        !journal.append(entry(1, 2)).await.unwrap(),
+        !journal.append(vec![entry(1, 2)]).await.unwrap(),
         "the old holder stops"
     );
     assert!(
-        journal.append(entry(2, 2)).await.unwrap(),
+        journal.append(vec![entry(2, 2)]).await.unwrap(),
         "the new holder appends"
     );
     assert!(
-        !journal.append(entry(2, 2)).await.unwrap(),
+        !journal.append(vec![entry(2, 2)]).await.unwrap(),
         "a step is written once"
     );
     let steps = journal.load("", "k").await.unwrap();

@@ -52,12 +52,12 @@ impl Receipts {
         amount: Money,
         operation: &OperationKey,
     ) -> Result<ChargeOutcome, StoreError> {
-        self.charge_journaled(key, amount, operation, "", |_| None)
+        self.charge_journaled(key, amount, operation, "", |_| Vec::new())
             .await
     }
 
-    /// [`Self::charge`] for `caller`'s operation, where `journal` gives the journal entry
-    /// that commits with the receipt when this call makes it (in the same statement or
+    /// [`Self::charge`] for `caller`'s operation, where `journal` gives the journal entries
+    /// that commit with the receipt when this call makes it (in the same statement or
     /// transaction): a resumed loop then finds the charge's tool result whenever it finds
     /// the charge.
     pub async fn charge_journaled(
@@ -66,7 +66,7 @@ impl Receipts {
         amount: Money,
         operation: &OperationKey,
         caller: &str,
-        journal: impl FnOnce(&Receipt) -> Option<NewEntry>,
+        journal: impl FnOnce(&Receipt) -> Vec<NewEntry>,
     ) -> Result<ChargeOutcome, StoreError> {
         let receipt = NewReceipt {
             id: Uuid::now_v7(),
@@ -76,7 +76,7 @@ impl Receipts {
             caller: caller.to_owned(),
             created_at: Utc::now().trunc_subsecs(6),
         };
-        let entry = journal(&Receipt {
+        let entries = journal(&Receipt {
             id: receipt.id,
             order_id: key.order_id().clone(),
             amount,
@@ -84,7 +84,7 @@ impl Receipts {
             caller: receipt.caller.clone(),
             created_at: receipt.created_at,
         });
-        if let Some(receipt) = self.writer.write(ChargeRow { receipt, entry }).await? {
+        if let Some(receipt) = self.writer.write(ChargeRow { receipt, entries }).await? {
             return Ok(ChargeOutcome::Created(receipt));
         }
         // The insert lost to an earlier or concurrent charge. Under READ COMMITTED this

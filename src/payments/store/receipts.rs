@@ -42,12 +42,12 @@ pub struct NewReceipt {
     pub created_at: DateTime<Utc>,
 }
 
-/// A charge for the group writer: its receipt row, and the journal entry that commits
+/// A charge for the group writer: its receipt row, and the journal entries that commit
 /// with it if the row goes in.
 #[derive(Debug)]
 pub struct ChargeRow {
     pub receipt: NewReceipt,
-    pub entry: Option<NewEntry>,
+    pub entries: Vec<NewEntry>,
 }
 
 /// One statement for a group of any size, so that Postgres prepares it once per
@@ -110,10 +110,10 @@ impl GroupWrite for Charges {
 pub async fn insert(conn: Conn<'_>, rows: &[ChargeRow]) -> Result<Vec<Receipt>, StoreError> {
     let stored: Vec<Stored> = match conn {
         Conn::Postgres(c) => {
-            let entries = PgEntries::of(
-                rows.iter()
-                    .filter_map(|r| Some((Some(r.receipt.id.to_string()), r.entry.as_ref()?))),
-            );
+            let entries = PgEntries::of(rows.iter().flat_map(|r| {
+                let receipt = r.receipt.id.to_string();
+                r.entries.iter().map(move |e| (Some(receipt.clone()), e))
+            }));
             let rows: Vec<&NewReceipt> = rows.iter().map(|r| &r.receipt).collect();
             let query = sqlx::query_as(INSERT_UNNEST)
                 .bind(rows.iter().map(|r| r.id).collect::<Vec<_>>())
@@ -155,7 +155,7 @@ pub async fn insert(conn: Conn<'_>, rows: &[ChargeRow]) -> Result<Vec<Receipt>, 
                         .iter()
                         .any(|s| s.id == r.receipt.id.hyphenated().to_string())
                 })
-                .filter_map(|r| r.entry.as_ref())
+                .flat_map(|r| &r.entries)
                 .collect();
             journal::insert_sqlite(&mut tx, &entries).await?;
             tx.commit().await?;
