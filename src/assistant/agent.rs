@@ -143,7 +143,9 @@ impl Inner {
             };
             let calls = reply.tool_calls.unwrap_or_default();
             if calls.is_empty() {
-                self.memory.remember(std::mem::take(&mut pending)).await?;
+                self.memory
+                    .remember(ctx, std::mem::take(&mut pending))
+                    .await?;
                 let Some(receipt) = receipt else {
                     if nudges == limits.max_nudges {
                         return Err(FailureKind::ModelDidNotCharge);
@@ -192,7 +194,11 @@ impl Inner {
                     None => {
                         // The answer (if not yet journaled) and this result: committed
                         // with the tool's effect, or appended once the tool is done.
+                        let durable = self.memory.durable(ctx);
                         let entries = |content| {
+                            if !durable {
+                                return Vec::new();
+                            }
                             let mut entries = pending.clone();
                             entries.extend(self.memory.tool(ctx, step, &call, content));
                             entries
@@ -205,7 +211,9 @@ impl Inner {
                                 &call,
                                 output.content.clone(),
                             ));
-                            self.memory.remember(std::mem::take(&mut pending)).await?;
+                            self.memory
+                                .remember(ctx, std::mem::take(&mut pending))
+                                .await?;
                         }
                         pending.clear();
                         output

@@ -2,7 +2,7 @@ use std::fmt;
 use std::sync::atomic::{AtomicU32, Ordering};
 use std::sync::{Arc, Mutex};
 
-use crate::journal::JournalKey;
+use crate::journal::{Entry, JournalKey, NewEntry};
 use crate::model::Completion;
 use crate::payments::{ChargeKey, OperationKey, Order, OrderId, PaymentGateway, Receipt};
 
@@ -28,6 +28,9 @@ struct Inner {
     requests: Arc<AtomicU32>,
     /// Tokens used and steps replayed.
     usage: Mutex<Usage>,
+    /// The steps taken, when they are not journaled in the database (an operation
+    /// without an Idempotency-Key): what the loop retry resumes from.
+    kept: Mutex<Vec<Entry>>,
 }
 
 /// What a checkout cost in model requests and tokens, and what its journal saved.
@@ -67,6 +70,7 @@ impl CheckoutContext {
             charge: Mutex::new(ChargeState::default()),
             requests: Arc::default(),
             usage: Mutex::new(Usage::default()),
+            kept: Mutex::new(Vec::new()),
         }))
     }
 
@@ -100,6 +104,17 @@ impl CheckoutContext {
             usage.input_tokens += tokens.prompt_tokens;
             usage.output_tokens += tokens.completion_tokens;
         }
+    }
+
+    /// Keeps steps in the context (see [`Self::kept`]).
+    pub(crate) fn keep(&self, entries: Vec<NewEntry>) {
+        let mut kept = self.0.kept.lock().expect("never poisoned");
+        kept.extend(entries.iter().map(NewEntry::to_entry));
+    }
+
+    /// The steps kept in the context, in order.
+    pub(crate) fn kept(&self) -> Vec<Entry> {
+        self.0.kept.lock().expect("never poisoned").clone()
     }
 
     /// Counts a step taken from the journal.

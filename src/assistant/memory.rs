@@ -40,12 +40,21 @@ impl Memory {
         self.journal.is_some()
     }
 
+    /// Whether this operation's steps go to the database: those of an operation with an
+    /// Idempotency-Key do, so that the client's retry, another instance or the recovery
+    /// sweep can resume it. An operation without one (its key minted here, known to
+    /// nobody else, with no lease for another instance to take over) can only be resumed
+    /// by its own loop retry, in this process: its steps are kept in its context.
+    pub fn durable(&self, ctx: &CheckoutContext) -> bool {
+        self.journal.is_some() && ctx.journal_key().fence.is_some()
+    }
+
     /// The steps this operation has journaled under these pins. Under other pins its
     /// journal is discarded and the loop starts afresh.
     ///
-    /// The first loop attempt of a new operation has nothing to read, and does not ask: a
-    /// minted operation key is new, and so is an Idempotency-Key whose record this request
-    /// made (fence 1: a takeover raises it, and a record is forgotten with its journal).
+    /// The first loop attempt of a new operation has nothing to read, and does not ask:
+    /// an Idempotency-Key whose record this request made (fence 1: a takeover raises it,
+    /// and a record is forgotten with its journal) has no journal yet.
     pub async fn recall(
         &self,
         ctx: &CheckoutContext,
@@ -56,7 +65,19 @@ impl Memory {
             return Ok(Replay::default());
         };
         let key = ctx.journal_key();
-        if attempt == 1 && key.fence.is_none_or(|fence| fence == 1) {
+        if !self.durable(ctx) {
+            let entries = ctx.kept();
+            if !entries.is_empty() {
+                tracing::info!(
+                    steps = entries.len(),
+                    "resuming the loop from the steps this operation took: they are replayed, not run again"
+                );
+            }
+            return Ok(Replay {
+                entries: entries.into_iter().rev().collect(),
+            });
+        }
+        if attempt == 1 && key.fence == Some(1) {
             return Ok(Replay::default());
         }
         let entries = journal.load(&key.scope, &key.operation_key).await?;
@@ -85,11 +106,19 @@ impl Memory {
     }
 
     /// Writes `entries` (one operation's next steps; none when the journal is off) and
-    /// waits for their commit.
-    pub async fn remember(&self, entries: Vec<NewEntry>) -> Result<(), JournalFailure> {
+    /// waits for their commit; keeps them in the context when they are not durable.
+    pub async fn remember(
+        &self,
+        ctx: &CheckoutContext,
+        entries: Vec<NewEntry>,
+    ) -> Result<(), JournalFailure> {
         let Some(journal) = &self.journal else {
             return Ok(());
         };
+        if !self.durable(ctx) {
+            ctx.keep(entries);
+            return Ok(());
+        }
         if journal.append(entries).await? {
             Ok(())
         } else {

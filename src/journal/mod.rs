@@ -44,6 +44,22 @@ pub struct NewEntry {
     pub ttl_ms: i64,
 }
 
+impl NewEntry {
+    /// The row as it reads back.
+    pub fn to_entry(&self) -> Entry {
+        Entry {
+            step: self.step,
+            kind: self.kind.as_str().to_owned(),
+            name: self.name.clone(),
+            call_id: self.call_id.clone(),
+            body: self.body.clone(),
+            pins: self.pins.clone(),
+            input_tokens: self.input_tokens,
+            output_tokens: self.output_tokens,
+        }
+    }
+}
+
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum EntryKind {
     Answer,

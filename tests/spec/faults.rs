@@ -76,7 +76,8 @@ impl Expect {
 /// The columns: how a failed loop attempt is followed up.
 #[derive(Clone, Copy, Debug)]
 enum Column {
-    /// The loop retry, resuming from the journal (the default).
+    /// The loop retry, resuming from the journal (the default); the checkout sent with an
+    /// Idempotency-Key, so its journal is in the database.
     Resume,
     /// The loop retry, starting over (`CHECKOUT_JOURNAL=false`).
     Restart,
@@ -117,7 +118,17 @@ async fn row(backend: Backend, fault: &str, cells: [[Expect; 3]; 3]) {
             };
             runs.spawn(async move {
                 let h = Harness::with(backend, &plan, |s| matrix_settings(s, column)).await;
-                let reply = h.checkout("X-1", "42.50").await;
+                let reply = match column {
+                    // With an Idempotency-Key, so that its steps are journaled in the
+                    // database (without one they are kept in process, for the loop retry:
+                    // the article's incident below).
+                    Column::Resume => {
+                        let key = [("idempotency-key", "matrix")];
+                        h.post("/checkout?orderId=X-1&amount=42.50", &key, None)
+                            .await
+                    }
+                    Column::Restart | Column::NoRetry => h.checkout("X-1", "42.50").await,
+                };
                 let cell = format!("{plan} {column:?}");
                 assert_eq!(reply.status, expect.status, "{cell}: {}", reply.text());
                 let body = reply.json();
