@@ -87,7 +87,26 @@ const GEN_AI_TOKENS: Def = Def {
     ]),
 };
 
+const AUTH_FAILURES: Def = Def {
+    name: "checkout_auth_failures_total",
+    help: "Requests to /checkout or /receipts refused with 401, by reason: missing (no Authorization header), not_bearer (another scheme), invalid (an unknown or revoked API key).",
+    buckets: None,
+};
+const JOURNAL_REPLAYED: Def = Def {
+    name: "checkout_journal_replayed_steps_total",
+    help: "Steps a resumed loop took from its journal instead of running them again, by kind: answer (a model answer not asked for again) or tool (a tool result not run again).",
+    buckets: None,
+};
+const JOURNAL_TOKENS_SAVED: Def = Def {
+    name: "checkout_journal_tokens_saved_total",
+    help: "Tokens of the model answers replayed from the journal, as the provider reported them when they were first asked for: what the resume did not pay again, by type (input, output).",
+    buckets: None,
+};
+
 const CATALOGUE: &[&Def] = &[
+    &AUTH_FAILURES,
+    &JOURNAL_REPLAYED,
+    &JOURNAL_TOKENS_SAVED,
     &CHECKOUTS,
     &CHARGES,
     &RETRIES,
@@ -189,7 +208,35 @@ impl Metrics {
             metrics.counter(&IDEMPOTENCY_KEYS, &[("outcome", outcome.label())], 0);
         }
         metrics.counter(&BUDGET_REFUSALS, &[], 0);
+        for reason in ["missing", "not_bearer", "invalid"] {
+            metrics.counter(&AUTH_FAILURES, &[("reason", reason)], 0);
+        }
+        for kind in ["answer", "tool"] {
+            metrics.counter(&JOURNAL_REPLAYED, &[("kind", kind)], 0);
+        }
+        for kind in ["input", "output"] {
+            metrics.counter(&JOURNAL_TOKENS_SAVED, &[("type", kind)], 0);
+        }
         metrics
+    }
+
+    /// A request was refused for want of a valid API key (`reason`: missing, not_bearer,
+    /// invalid).
+    pub fn auth_failure(&self, reason: &'static str) {
+        self.counter(&AUTH_FAILURES, &[("reason", reason)], 1);
+    }
+
+    /// A model answer was replayed from the journal; `tokens` (input, output) are what it
+    /// cost when first asked for.
+    pub fn journal_replayed_answer(&self, tokens: (u64, u64)) {
+        self.counter(&JOURNAL_REPLAYED, &[("kind", "answer")], 1);
+        self.counter(&JOURNAL_TOKENS_SAVED, &[("type", "input")], tokens.0);
+        self.counter(&JOURNAL_TOKENS_SAVED, &[("type", "output")], tokens.1);
+    }
+
+    /// A tool result was replayed from the journal.
+    pub fn journal_replayed_tool(&self) {
+        self.counter(&JOURNAL_REPLAYED, &[("kind", "tool")], 1);
     }
 
     /// The Prometheus text exposition of everything recorded so far.

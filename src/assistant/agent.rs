@@ -116,8 +116,9 @@ impl Inner {
             rounds.reached(round);
             step += 1;
             let reply = match replay.answer(step)? {
-                Some(reply) => {
+                Some((reply, cost)) => {
                     ctx.replayed();
+                    self.model.metrics().journal_replayed_answer(cost);
                     reply
                 }
                 None => {
@@ -189,6 +190,7 @@ impl Inner {
                 let output = match replay.tool(step, &call)? {
                     Some(content) => {
                         ctx.replayed();
+                        self.model.metrics().journal_replayed_tool();
                         self.tools.replayed(ctx, step, &call, content).await?
                     }
                     None => {

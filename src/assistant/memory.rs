@@ -201,6 +201,9 @@ pub fn pins(ctx: &CheckoutContext, opening: &ChatRequest) -> String {
     .to_string()
 }
 
+/// Tokens an answer cost when it was asked for: (input, output).
+pub type Tokens = (u64, u64);
+
 /// The journaled steps not yet replayed, next first.
 #[derive(Debug, Default)]
 pub struct Replay {
@@ -209,8 +212,12 @@ pub struct Replay {
 }
 
 impl Replay {
-    /// The journaled model answer at `step`, if the journal reaches it.
-    pub fn answer(&mut self, step: i64) -> Result<Option<AssistantMessage>, JournalFailure> {
+    /// The journaled model answer at `step`, if the journal reaches it, with the tokens
+    /// (input, output) it cost when first asked for.
+    pub fn answer(
+        &mut self,
+        step: i64,
+    ) -> Result<Option<(AssistantMessage, Tokens)>, JournalFailure> {
         let Some(entry) = self.next(step)? else {
             return Ok(None);
         };
@@ -223,8 +230,10 @@ impl Replay {
                 ),
             ));
         }
+        let tokens = |n: Option<i64>| n.and_then(|n| u64::try_from(n).ok()).unwrap_or(0);
+        let cost = (tokens(entry.input_tokens), tokens(entry.output_tokens));
         serde_json::from_str(&entry.body)
-            .map(Some)
+            .map(|answer| Some((answer, cost)))
             .map_err(|err| mismatch(step, format!("the journaled answer does not read: {err}")))
     }
 

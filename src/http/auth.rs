@@ -31,6 +31,7 @@ pub async fn require_caller(
         Ok(Verdict::Open) => next.run(request).await,
         Ok(Verdict::Refused(why)) => {
             tracing::info!(reason = reason(why), "request refused: no valid API key");
+            app.metrics().auth_failure(reason(why));
             unauthorized(why)
         }
         Err(err) => Problem::new(

@@ -108,10 +108,24 @@ both_backends!(
         let s = Service::start(backend, AuthMode::Auto).await;
         s.create_key("shop").await;
         until_keys_are_required(&s).await;
+        // Counted by reason, the key-less requests as `missing`; /metrics is open.
+        let missing = async || {
+            let scrape = s.get("/metrics", &[]).await.text();
+            scrape
+                .lines()
+                .find_map(|line| {
+                    line.strip_prefix("checkout_auth_failures_total{reason=\"missing\"} ")?
+                        .parse::<u64>()
+                        .ok()
+                })
+                .unwrap_or_else(|| panic!("no missing series in {scrape}"))
+        };
+        let before = missing().await;
         let reply = s.checkout("A-1", &[]).await;
         assert_unauthorized(&reply, "Bearer");
         let reply = s.get("/receipts/A-1", &[]).await;
         assert_unauthorized(&reply, "Bearer");
+        assert_eq!(missing().await, before + 2);
         assert_eq!(s.db.all_receipts().await, 0);
         assert_eq!(
             s.db.count("SELECT count(*) FROM idempotency_keys", None)

@@ -64,6 +64,35 @@ both_backends!(
         assert_eq!(body["usage"]["replayedSteps"], 2, "{body}");
         assert!(body["usage"]["inputTokens"].as_u64().unwrap() > 0, "{body}");
         assert_eq!(journal_rows(&h).await, 3, "and round 2's answer");
+        // The metrics say the same: one answer and one tool result replayed, and the
+        // tokens the replayed answer cost when it was first asked for.
+        let first_answer_tokens =
+            h.db.count(
+                "SELECT input_tokens + output_tokens FROM agent_journal WHERE step = 1",
+                None,
+            )
+            .await;
+        let scrape = h.get("/metrics").await.text();
+        let value = |series: &str| -> i64 {
+            scrape
+                .lines()
+                .find_map(|line| line.strip_prefix(series)?.trim().parse().ok())
+                .unwrap_or_else(|| panic!("no {series} in {scrape}"))
+        };
+        assert_eq!(
+            value("checkout_journal_replayed_steps_total{kind=\"answer\"}"),
+            1
+        );
+        assert_eq!(
+            value("checkout_journal_replayed_steps_total{kind=\"tool\"}"),
+            1
+        );
+        assert_eq!(
+            value("checkout_journal_tokens_saved_total{type=\"input\"}")
+                + value("checkout_journal_tokens_saved_total{type=\"output\"}"),
+            first_answer_tokens
+        );
+        assert!(first_answer_tokens > 0);
     }
 );
 
