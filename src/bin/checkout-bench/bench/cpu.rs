@@ -87,7 +87,7 @@ impl Bench {
             Metric::new(1, "floor: 2 bare reqwest POSTs", d, "us", pair),
             Metric::new(1, "floor: bare sqlx charge", d, "us", sql),
             Metric::new(1, "floor, total", d, "us", floor),
-            Metric::new(1, "ratio service / floor", d, "x", ratio).target(Target::AtMost(1.5)),
+            Metric::new(1, "ratio service / floor", d, "x", ratio).target(Target::AtMost(1.3)),
             Metric::new(1, "checkouts/s at 64 (instant model)", d, "1/s", rate),
         ]);
         self.details.insert(format!("cpu/{d}"), json!(runs));
