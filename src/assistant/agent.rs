@@ -105,7 +105,9 @@ impl Inner {
             max_tokens: Some(limits.max_tokens),
         };
         let pins = memory::pins(ctx, &chat);
-        let mut replay = self.memory.recall(ctx, &pins, attempt).await?;
+        // Every database call is boxed, like the model call and the tools below: an
+        // inline sqlx future would make every waiting loop as large as itself.
+        let mut replay = Box::pin(self.memory.recall(ctx, &pins, attempt)).await?;
         let mut receipt: Option<Receipt> = None;
         let mut nudges = 0;
         let mut step = 0;
@@ -144,9 +146,7 @@ impl Inner {
             };
             let calls = reply.tool_calls.unwrap_or_default();
             if calls.is_empty() {
-                self.memory
-                    .remember(ctx, std::mem::take(&mut pending))
-                    .await?;
+                Box::pin(self.memory.remember(ctx, std::mem::take(&mut pending))).await?;
                 let Some(receipt) = receipt else {
                     if nudges == limits.max_nudges {
                         return Err(FailureKind::ModelDidNotCharge);
@@ -191,7 +191,7 @@ impl Inner {
                     Some(content) => {
                         ctx.replayed();
                         self.model.metrics().journal_replayed_tool();
-                        self.tools.replayed(ctx, step, &call, content).await?
+                        Box::pin(self.tools.replayed(ctx, step, &call, content)).await?
                     }
                     None => {
                         // The answer (if not yet journaled) and this result: committed
@@ -213,8 +213,7 @@ impl Inner {
                                 &call,
                                 output.content.clone(),
                             ));
-                            self.memory
-                                .remember(ctx, std::mem::take(&mut pending))
+                            Box::pin(self.memory.remember(ctx, std::mem::take(&mut pending)))
                                 .await?;
                         }
                         pending.clear();
