@@ -104,7 +104,13 @@ impl Inner {
             tools: ToolBox::specs().into(),
             max_tokens: Some(limits.max_tokens),
         };
-        let pins = memory::pins(ctx, &chat);
+        // Pins guard a journal that another run may read; steps kept in process are read
+        // back by this operation's own loop retry only, under the same pins.
+        let pins = if self.memory.durable(ctx) {
+            memory::pins(ctx, &chat)
+        } else {
+            String::new()
+        };
         // Every database call is boxed, like the model call and the tools below: an
         // inline sqlx future would make every waiting loop as large as itself.
         let mut replay = Box::pin(self.memory.recall(ctx, &pins, attempt)).await?;

@@ -36,10 +36,6 @@ impl Memory {
         }
     }
 
-    pub fn is_on(&self) -> bool {
-        self.journal.is_some()
-    }
-
     /// Whether this operation's steps go to the database: those of an operation with an
     /// Idempotency-Key do, so that the client's retry, another instance or the recovery
     /// sweep can resume it. An operation without one (its key minted here, known to
