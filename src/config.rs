@@ -12,6 +12,7 @@ use crate::caller::AuthMode;
 use crate::db::PoolSettings;
 use crate::model::scripted::FaultRule;
 use crate::model::{ModelEndpoint, RequestRetrySettings};
+use crate::outbox::MailSettings;
 use crate::secret::Secret;
 
 pub const DEFAULT_CONFIG: &str = "config/default.toml";
@@ -33,6 +34,8 @@ pub struct Settings {
     pub idempotency: IdempotencySettings,
     /// The built-in model, when no provider is configured.
     pub scripted: ScriptedSettings,
+    /// The confirmation email: where it goes, from whom, how it is retried.
+    pub mail: MailSettings,
     pub log_format: LogFormat,
 }
 
@@ -85,6 +88,10 @@ pub struct IdempotencySettings {
     pub ttl: Duration,
     /// How long a key's owner holds it unrenewed.
     pub lease: Duration,
+    /// The recovery sweep: resume operations whose lease lapsed unfinished.
+    pub recovery: bool,
+    /// Times the sweep resumes one operation before it marks it as needing attention.
+    pub recovery_max_attempts: u32,
 }
 
 #[derive(Clone, Debug)]
@@ -159,10 +166,21 @@ impl Default for Settings {
             idempotency: IdempotencySettings {
                 ttl: Duration::from_secs(24 * 60 * 60),
                 lease: Duration::from_millis(10_000),
+                recovery: true,
+                recovery_max_attempts: 3,
             },
             scripted: ScriptedSettings {
                 faults: Vec::new(),
                 delay: Duration::ZERO,
+            },
+            mail: MailSettings {
+                smtp_url: None,
+                dir: PathBuf::from("mail"),
+                from: "checkout@localhost".parse().expect("a mailbox"),
+                lease: Duration::from_millis(60_000),
+                max_attempts: 8,
+                backoff_min: Duration::from_millis(1_000),
+                backoff_max: Duration::from_millis(300_000),
             },
             log_format: LogFormat::Text,
         }
@@ -224,8 +242,17 @@ pub const SETTINGS: &[(&str, &str, Setter)] = &[
     ("journal", "CHECKOUT_JOURNAL", |s, v| put(&mut s.r#loop.journal, boolean(v))),
     ("idempotency_ttl_secs", "CHECKOUT_IDEMPOTENCY_TTL_SECS", |s, v| put(&mut s.idempotency.ttl, number(v, 1, 365 * 24 * 3600).map(Duration::from_secs))),
     ("idempotency_lease_ms", "CHECKOUT_IDEMPOTENCY_LEASE_MS", |s, v| put(&mut s.idempotency.lease, millis(v, 100))),
+    ("recovery", "CHECKOUT_RECOVERY", |s, v| put(&mut s.idempotency.recovery, boolean(v))),
+    ("recovery_max_attempts", "CHECKOUT_RECOVERY_MAX_ATTEMPTS", |s, v| put(&mut s.idempotency.recovery_max_attempts, number(v, 1, 100))),
     ("scripted_faults", "CHECKOUT_SCRIPTED_FAULTS", |s, v| put(&mut s.scripted.faults, FaultRule::parse_plan(v))),
     ("scripted_delay_ms", "CHECKOUT_SCRIPTED_DELAY_MS", |s, v| put(&mut s.scripted.delay, millis(v, 0))),
+    ("smtp_url", "CHECKOUT_SMTP_URL", |s, v| put(&mut s.mail.smtp_url, smtp_url(v))),
+    ("mail_dir", "CHECKOUT_MAIL_DIR", |s, v| put(&mut s.mail.dir, not_empty(v).map(PathBuf::from))),
+    ("mail_from", "CHECKOUT_MAIL_FROM", |s, v| put(&mut s.mail.from, v.parse().map_err(|e| format!("{v:?} is not a sender such as checkout@example.com or \"Shop <shop@example.com>\": {e}")))),
+    ("mail_lease_ms", "CHECKOUT_MAIL_LEASE_MS", |s, v| put(&mut s.mail.lease, millis(v, 100))),
+    ("mail_max_attempts", "CHECKOUT_MAIL_MAX_ATTEMPTS", |s, v| put(&mut s.mail.max_attempts, number(v, 1, 100))),
+    ("mail_backoff_ms", "CHECKOUT_MAIL_BACKOFF_MS", |s, v| put(&mut s.mail.backoff_min, millis(v, 1))),
+    ("mail_backoff_max_ms", "CHECKOUT_MAIL_BACKOFF_MAX_MS", |s, v| put(&mut s.mail.backoff_max, millis(v, 1))),
     ("log_format", "CHECKOUT_LOG_FORMAT", |s, v| put(&mut s.log_format, log_format(v))),
 ];
 
@@ -252,6 +279,15 @@ fn http_url(v: &str) -> Result<String, String> {
         return Err(format!("{v:?} is not an http:// or https:// URL"));
     }
     Ok(v.trim_end_matches('/').to_owned())
+}
+
+/// Empty means none: messages are written as files.
+fn smtp_url(v: &str) -> Result<Option<Secret>, String> {
+    if v.is_empty() {
+        return Ok(None);
+    }
+    MailSettings::check_url(v)?;
+    Ok(Some(Secret::new(v)))
 }
 
 fn not_empty(v: &str) -> Result<String, String> {
@@ -422,6 +458,11 @@ impl Settings {
         if self.r#loop.retry.backoff_min > self.r#loop.retry.backoff_max {
             return Err(ConfigError::Combination(
                 "CHECKOUT_LOOP_BACKOFF_MS must not exceed CHECKOUT_LOOP_BACKOFF_MAX_MS".into(),
+            ));
+        }
+        if self.mail.backoff_min > self.mail.backoff_max {
+            return Err(ConfigError::Combination(
+                "CHECKOUT_MAIL_BACKOFF_MS must not exceed CHECKOUT_MAIL_BACKOFF_MAX_MS".into(),
             ));
         }
         if self.idempotency.ttl <= self.server.timeout {

@@ -11,6 +11,7 @@ pub mod idempotency;
 pub mod journal;
 pub mod metrics;
 pub mod model;
+pub mod outbox;
 pub mod payments;
 pub mod retry;
 pub mod secret;
@@ -31,6 +32,7 @@ use journal::Journal;
 use metrics::Metrics;
 use model::scripted::{Script, ScriptedModel};
 use model::{ModelClient, ModelEndpoint};
+use outbox::{Dispatcher, Outbox, Transport};
 use payments::{PaymentGateway, Receipts};
 
 /// Why the service could not start.
@@ -48,6 +50,8 @@ pub enum StartError {
     Setting(String),
     #[error("cannot read the API keys: {0}")]
     Keys(db::StoreError),
+    #[error("{0}")]
+    Mail(String),
 }
 
 /// The service, built and ready to serve.
@@ -56,6 +60,10 @@ pub struct App {
     /// The built-in model, when no provider is configured; it lives as long as the app.
     scripted: Option<ScriptedModel>,
     sweeper: tokio::task::JoinHandle<()>,
+    /// Delivers the outbox's messages.
+    dispatcher: tokio::task::JoinHandle<()>,
+    /// Resumes operations whose lease lapsed unfinished (`CHECKOUT_RECOVERY`).
+    recovery: Option<tokio::task::JoinHandle<()>>,
     /// Asks whether an API key exists while none does (`CHECKOUT_AUTH=auto`).
     key_watch: tokio::task::JoinHandle<()>,
 }
@@ -114,7 +122,9 @@ impl App {
             settings.r#loop.journal.then(|| Journal::new(&db)),
             settings.idempotency.ttl,
         );
-        let tools = ToolBox::new(gateway.clone(), metrics.clone());
+        let outbox = Outbox::new(&db, settings.mail.from.clone());
+        let transport = Transport::new(&settings.mail).map_err(StartError::Mail)?;
+        let tools = ToolBox::new(gateway.clone(), outbox.clone(), metrics.clone());
         let agent = AgentLoop::new(client, tools, memory, limits);
         let assistant = Assistant::new(
             agent,
@@ -125,6 +135,16 @@ impl App {
         );
         announce(&settings, &db, &info);
         announce_callers(&settings, keys_exist);
+        announce_mail(&settings, &transport);
+        let dispatcher = tokio::spawn(
+            Dispatcher::new(
+                outbox.clone(),
+                transport,
+                settings.mail.clone(),
+                metrics.clone(),
+            )
+            .run(),
+        );
         let sweep_every = (settings.idempotency.ttl / 4).clamp(
             std::time::Duration::from_millis(100),
             std::time::Duration::from_secs(60),
@@ -140,10 +160,17 @@ impl App {
             keys_exist,
         );
         let key_watch = tokio::spawn(gate.clone().watch_for_keys());
+        announce_recovery(&settings);
+        let recovering = settings.idempotency.recovery;
+        let state = AppState::new(settings, db, gateway, assistant, info, metrics, gate);
+        let recovery =
+            recovering.then(|| tokio::spawn(http::recovery::sweep_forever(state.clone())));
         Ok(App {
-            state: AppState::new(settings, db, gateway, assistant, info, metrics, gate),
+            state,
             scripted,
             sweeper,
+            dispatcher,
+            recovery,
             key_watch,
         })
     }
@@ -171,6 +198,10 @@ impl App {
             })
             .await?;
         self.sweeper.abort();
+        self.dispatcher.abort();
+        if let Some(recovery) = &self.recovery {
+            recovery.abort();
+        }
         self.key_watch.abort();
         self.state.db().close().await;
         drop(self.scripted);
@@ -188,6 +219,48 @@ fn check_callers(settings: &Settings, keys_exist: bool) -> Result<(), StartError
         )));
     }
     Ok(())
+}
+
+/// The start-up line of the recovery sweep.
+fn announce_recovery(settings: &Settings) {
+    let idempotency = &settings.idempotency;
+    if idempotency.recovery {
+        tracing::info!(
+            max_attempts = idempotency.recovery_max_attempts,
+            "recovery sweep: every {} ms, an operation whose lease lapsed unfinished at least {} ms ago (its instance died, or its client left after a transient failure) is taken over, resumed from its journal and its answer saved for the client's retry; at most {} time(s), then it is marked as needing attention and logged at error level",
+            idempotency.lease.as_millis(),
+            idempotency.lease.as_millis(),
+            idempotency.recovery_max_attempts
+        );
+    } else {
+        tracing::warn!(
+            "recovery sweep: off (CHECKOUT_RECOVERY=false): an operation whose instance died is resumed only by its client's retry with the same Idempotency-Key"
+        );
+    }
+}
+
+/// The start-up line that says where confirmation emails go.
+fn announce_mail(settings: &Settings, transport: &Transport) {
+    let mail = &settings.mail;
+    let from = mail.from.to_string();
+    match transport {
+        Transport::Smtp(_) => tracing::info!(
+            smtp = mail.shown_url().unwrap_or_default(),
+            from,
+            "confirmation emails: sent to the SMTP server {} (pooled), from {from}; a transient failure is retried up to {} attempts, backoff {}..{} ms; a message claimed by an instance that died is sent again after {} ms, with the same Message-ID",
+            mail.shown_url().unwrap_or_default(),
+            mail.max_attempts,
+            mail.backoff_min.as_millis(),
+            mail.backoff_max.as_millis(),
+            mail.lease.as_millis()
+        ),
+        Transport::Files(dir) => tracing::warn!(
+            dir = %dir.display(),
+            from,
+            "confirmation emails: no CHECKOUT_SMTP_URL is set, so no email leaves this machine: each message is written as <message-id>.eml in {}",
+            dir.display()
+        ),
+    }
 }
 
 /// The start-up line that says who may call.

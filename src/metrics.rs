@@ -103,7 +103,14 @@ const JOURNAL_TOKENS_SAVED: Def = Def {
     buckets: None,
 };
 
+const EMAILS: Def = Def {
+    name: "checkout_emails_total",
+    help: "Delivery attempts of outbox messages (the confirmation email), by result: sent (the SMTP server accepted it, or its .eml file was written), retried (a transient failure: 4xx, a broken connection, a timeout; tried again later), failed (a permanent 5xx, or the last attempt failed; not sent again).",
+    buckets: None,
+};
+
 const CATALOGUE: &[&Def] = &[
+    &EMAILS,
     &AUTH_FAILURES,
     &JOURNAL_REPLAYED,
     &JOURNAL_TOKENS_SAVED,
@@ -140,6 +147,24 @@ pub enum KeyOutcome {
     Replay,
     InFlight,
     KeyReuse,
+}
+
+/// What a delivery attempt of an outbox message came to.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum EmailOutcome {
+    Sent,
+    Retried,
+    Failed,
+}
+
+impl EmailOutcome {
+    fn label(self) -> &'static str {
+        match self {
+            EmailOutcome::Sent => "sent",
+            EmailOutcome::Retried => "retried",
+            EmailOutcome::Failed => "failed",
+        }
+    }
 }
 
 /// The model a client talks to, as the GenAI attributes name it.
@@ -208,6 +233,13 @@ impl Metrics {
             metrics.counter(&IDEMPOTENCY_KEYS, &[("outcome", outcome.label())], 0);
         }
         metrics.counter(&BUDGET_REFUSALS, &[], 0);
+        for outcome in [
+            EmailOutcome::Sent,
+            EmailOutcome::Retried,
+            EmailOutcome::Failed,
+        ] {
+            metrics.counter(&EMAILS, &[("result", outcome.label())], 0);
+        }
         for reason in ["missing", "not_bearer", "invalid"] {
             metrics.counter(&AUTH_FAILURES, &[("reason", reason)], 0);
         }
@@ -232,6 +264,11 @@ impl Metrics {
         self.counter(&JOURNAL_REPLAYED, &[("kind", "answer")], 1);
         self.counter(&JOURNAL_TOKENS_SAVED, &[("type", "input")], tokens.0);
         self.counter(&JOURNAL_TOKENS_SAVED, &[("type", "output")], tokens.1);
+    }
+
+    /// A delivery attempt of an outbox message ended so.
+    pub fn email(&self, outcome: EmailOutcome) {
+        self.counter(&EMAILS, &[("result", outcome.label())], 1);
     }
 
     /// A tool result was replayed from the journal.

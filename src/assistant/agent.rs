@@ -100,8 +100,8 @@ impl Inner {
         let limits = self.limits;
         let mut chat = ChatRequest {
             model: self.model.model().to_owned(),
-            messages: prompts::opening(ctx.order()),
-            tools: ToolBox::specs().into(),
+            messages: prompts::opening(ctx.order(), ctx.email().is_some()),
+            tools: ToolBox::specs(ctx.email().is_some()).into(),
             max_tokens: Some(limits.max_tokens),
         };
         // Pins guard a journal that another run may read; steps kept in process are read

@@ -4,6 +4,7 @@ use std::sync::{Arc, Mutex};
 
 use crate::journal::{Entry, JournalKey, NewEntry};
 use crate::model::Completion;
+use crate::outbox::Recipient;
 use crate::payments::{ChargeKey, OperationKey, Order, OrderId, PaymentGateway, Receipt};
 
 /// Everything one checkout carries through every retried unit: the order the client
@@ -17,6 +18,8 @@ pub struct CheckoutContext(Arc<Inner>);
 #[derive(Debug)]
 struct Inner {
     order: Order,
+    /// The customer's address, when the request named one: the confirmation's recipient.
+    email: Option<Recipient>,
     charge_key: ChargeKey,
     operation_key: OperationKey,
     /// Where the loop's steps are journaled, with the lease that lets it append.
@@ -57,8 +60,15 @@ impl CheckoutContext {
     /// Made by the HTTP handler, from the validated order, before the loop starts. The
     /// operation is the caller's (`scope`); `fence` is its Idempotency-Key lease, if it
     /// has one.
-    pub fn new(order: Order, operation_key: OperationKey, scope: &str, fence: Option<i64>) -> Self {
+    pub fn new(
+        order: Order,
+        email: Option<Recipient>,
+        operation_key: OperationKey,
+        scope: &str,
+        fence: Option<i64>,
+    ) -> Self {
         CheckoutContext(Arc::new(Inner {
+            email,
             charge_key: order.charge_key(),
             journal: JournalKey {
                 scope: scope.to_owned(),
@@ -124,6 +134,11 @@ impl CheckoutContext {
 
     pub fn order(&self) -> &Order {
         &self.0.order
+    }
+
+    /// The customer's address: with one, the assistant may send the confirmation.
+    pub fn email(&self) -> Option<&Recipient> {
+        self.0.email.as_ref()
     }
 
     pub fn charge_key(&self) -> &ChargeKey {

@@ -4,6 +4,7 @@ use tower::BoxError;
 
 use crate::db::StoreError;
 use crate::model::{ModelError, ModelErrorKind};
+use crate::outbox::QueueError;
 use crate::payments::{ChargeError, Receipt};
 use crate::retry::{Retried, Stop, Unit};
 
@@ -13,6 +14,8 @@ use crate::retry::{Retried, Stop, Unit};
 pub enum ToolFailure {
     #[error(transparent)]
     Charge(#[from] ChargeError),
+    #[error("cannot queue the confirmation: {0}")]
+    Outbox(#[from] QueueError),
 }
 
 /// A checkout that did not end in a confirmed charge, after the loop retry had its say.
@@ -111,6 +114,7 @@ impl FailureKind {
     pub fn store_error(&self) -> Option<&StoreError> {
         match self {
             FailureKind::Tool(ToolFailure::Charge(ChargeError::Store(err)))
+            | FailureKind::Tool(ToolFailure::Outbox(QueueError::Store(err)))
             | FailureKind::Journal(JournalFailure::Store(err)) => Some(err),
             _ => None,
         }

@@ -190,7 +190,7 @@ pub fn pins(ctx: &CheckoutContext, opening: &ChatRequest) -> String {
         .map(|b| format!("{b:02x}"))
         .collect();
     json!({
-        "request": Fingerprint::of_checkout(ctx.order()).as_str(),
+        "request": Fingerprint::of_checkout(ctx.order()).with_email(ctx.email()).as_str(),
         "model": opening.model,
         "prompt": &digest[..16],
     })

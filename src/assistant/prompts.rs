@@ -4,15 +4,23 @@ use crate::model::wire::Message;
 use crate::payments::Order;
 
 pub const SYSTEM: &str = "You are a checkout assistant. Use the charge tool to take the payment, then confirm it to the customer in one sentence.";
+/// With the customer's address in the request: the same, and the confirmation email.
+pub const SYSTEM_WITH_EMAIL: &str = "You are a checkout assistant. Use the charge tool to take the payment, then the send_confirmation tool to email the customer the confirmation, then confirm it to the customer in one sentence.";
 
-/// The opening messages. The operation key is not in them: the model never sees a key.
+/// The opening messages; `confirmation` when the send_confirmation tool is offered. The
+/// operation key is not in them, nor the address: the model never sees either.
 ///
 /// The order id is quoted: unquoted, a small model read `X.1:2` as the order `X.1` and the
 /// amount `2` (bench/README.md, "Real model", has the measurements behind each choice).
-pub fn opening(order: &Order) -> Vec<Message> {
+pub fn opening(order: &Order, confirmation: bool) -> Vec<Message> {
     vec![
         Message::System {
-            content: SYSTEM.to_owned(),
+            content: if confirmation {
+                SYSTEM_WITH_EMAIL
+            } else {
+                SYSTEM
+            }
+            .to_owned(),
         },
         Message::User {
             content: format!(

@@ -1,7 +1,10 @@
-//! The tools the model may call. There is one, `charge`, as in the article's `PaymentTools`.
+//! The tools the model may call: `charge`, as in the article's `PaymentTools`, and, when
+//! the request names the customer's `email`, `send_confirmation`.
 //!
 //! The model's arguments are only checked against the checkout the client authorized;
-//! what is charged, and under which key, comes from the [`CheckoutContext`].
+//! what is charged, and under which key, comes from the [`CheckoutContext`]. The
+//! confirmation takes no arguments at all: its recipient is the request's, its text is
+//! rendered from the receipt, its key is the operation key.
 
 use std::sync::LazyLock;
 
@@ -9,15 +12,17 @@ use serde_json::json;
 use tracing::Instrument;
 
 use super::arguments::{ChargeArguments, Refusal};
-use super::context::CheckoutContext;
+use super::context::{ChargeStatus, CheckoutContext};
 use super::error::{FailureKind, JournalFailure, ToolFailure};
 use crate::journal::NewEntry;
 use crate::metrics::Metrics;
 use crate::model::wire::{FunctionSpec, ToolCall, ToolSpec};
+use crate::outbox::Outbox;
 use crate::payments::{Order, PaymentGateway, Receipt};
 use crate::telemetry::genai;
 
 pub const CHARGE: &str = "charge";
+pub const SEND_CONFIRMATION: &str = "send_confirmation";
 
 /// What a tool call produced.
 pub struct ToolOutput {
@@ -33,16 +38,41 @@ pub struct ToolOutput {
 #[derive(Clone, Debug)]
 pub struct ToolBox {
     gateway: PaymentGateway,
+    outbox: Outbox,
     metrics: Metrics,
 }
 
 impl ToolBox {
-    pub fn new(gateway: PaymentGateway, metrics: Metrics) -> Self {
-        ToolBox { gateway, metrics }
+    pub fn new(gateway: PaymentGateway, outbox: Outbox, metrics: Metrics) -> Self {
+        ToolBox {
+            gateway,
+            outbox,
+            metrics,
+        }
     }
 
-    /// The tools offered to the model, built once.
-    pub fn specs() -> &'static [ToolSpec] {
+    /// The tools offered to the model, built once: `charge`, and `send_confirmation` when
+    /// the request named an address (`confirmation`). They are part of the journal's pins.
+    pub fn specs(confirmation: bool) -> &'static [ToolSpec] {
+        static WITH_CONFIRMATION: LazyLock<Vec<ToolSpec>> = LazyLock::new(|| {
+            let mut specs = ToolBox::specs(false).to_vec();
+            specs.push(ToolSpec {
+                kind: "function".into(),
+                function: FunctionSpec {
+                    name: SEND_CONFIRMATION.into(),
+                    description: "Sends the customer the confirmation email of this checkout, after the order is charged. Takes no arguments: the service writes the message from the receipt. Calling it again sends nothing more.".into(),
+                    parameters: json!({
+                        "type": "object",
+                        "properties": {},
+                        "additionalProperties": false
+                    }),
+                },
+            });
+            specs
+        });
+        if confirmation {
+            return &WITH_CONFIRMATION;
+        }
         static SPECS: LazyLock<Vec<ToolSpec>> = LazyLock::new(|| {
             vec![ToolSpec {
                 kind: "function".into(),
@@ -84,11 +114,18 @@ impl ToolBox {
         call: &ToolCall,
         journal: impl FnOnce(String) -> Vec<NewEntry>,
     ) -> Result<ToolOutput, ToolFailure> {
-        if call.function.name != CHARGE {
-            return Ok(refused(format!(
-                "there is no tool {:?}; the only tool is {CHARGE:?}",
-                call.function.name
-            )));
+        let name = call.function.name.as_str();
+        if name == SEND_CONFIRMATION && ctx.email().is_some() {
+            return self.confirm(ctx).await;
+        }
+        if name != CHARGE {
+            return Ok(refused(if ctx.email().is_some() {
+                format!(
+                    "there is no tool {name:?}; the tools are {CHARGE:?} and {SEND_CONFIRMATION:?}"
+                )
+            } else {
+                format!("there is no tool {name:?}; the only tool is {CHARGE:?}")
+            }));
         }
         let order = ctx.order();
         if let Err(refusal) =
@@ -129,6 +166,44 @@ impl ToolBox {
             content: charge_result(&receipt, !charged.created),
             receipt: Some(receipt),
             journaled: journaled && charged.created,
+        })
+    }
+
+    /// `send_confirmation`: one outbox row for this operation, written only once this
+    /// operation charged the order. The insert is keyed by the operation, so a second
+    /// call, a loop retry or a resume that runs it again finds the row and writes nothing;
+    /// its result is journaled like any tool's that has no effect of its own to commit with.
+    async fn confirm(&self, ctx: &CheckoutContext) -> Result<ToolOutput, ToolFailure> {
+        let receipt = match ctx.charge_status() {
+            ChargeStatus::Charged(receipt) if ctx.made(&receipt) => receipt,
+            ChargeStatus::Charged(receipt) => {
+                return Ok(refused(format!(
+                    "order {} was charged by an earlier checkout (receipt {}); its confirmation was that checkout's to send; nothing was sent",
+                    receipt.order_id, receipt.id
+                )));
+            }
+            ChargeStatus::NotCharged | ChargeStatus::Unknown => {
+                return Ok(refused(format!(
+                    "the order is not charged yet: call {CHARGE:?} first; nothing was sent"
+                )));
+            }
+        };
+        let email = ctx.email().expect("offered only with an address");
+        let key = ctx.journal_key();
+        let queued = self
+            .outbox
+            .queue_confirmation(&key.scope, &key.operation_key, email, &receipt)
+            .await?;
+        tracing::info!(order = %receipt.order_id, message_id = %queued.message_id, status = %queued.status, "send_confirmation tool: the confirmation is in the outbox");
+        Ok(ToolOutput {
+            content: json!({
+                "status": queued.status,
+                "messageId": queued.message_id,
+                "orderId": receipt.order_id.as_str(),
+            })
+            .to_string(),
+            receipt: None,
+            journaled: false,
         })
     }
 

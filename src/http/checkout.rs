@@ -24,6 +24,7 @@ use crate::assistant::{
 };
 use crate::caller::{Caller, Refusal};
 use crate::idempotency::{Fingerprint, Lease};
+use crate::outbox::{Confirmation, Recipient};
 use crate::payments::money::json_decimal;
 use crate::payments::{Currency, Money, OperationKey, Order, OrderId};
 
@@ -60,6 +61,15 @@ pub struct CheckoutQuery {
     amount: Option<String>,
     #[param(schema_with = currency_schema)]
     currency: Option<String>,
+    /// The customer's address (one, at most 254 characters): with it, the assistant also
+    /// sends the confirmation email, once per operation.
+    // The pattern is `outbox::EMAIL_PATTERN`, repeated: the derive macros take literals.
+    #[param(
+        example = "ann@example.com",
+        max_length = 254,
+        pattern = "^[A-Za-z0-9_%+-]+(\\.[A-Za-z0-9_%+-]+)*@[A-Za-z0-9]([A-Za-z0-9-]{0,61}[A-Za-z0-9])?(\\.[A-Za-z0-9]([A-Za-z0-9-]{0,61}[A-Za-z0-9])?)*$"
+    )]
+    email: Option<String>,
 }
 
 /// The order to charge, as a JSON body (instead of, or agreeing with, the query). An
@@ -79,6 +89,13 @@ pub struct CheckoutBody {
     amount: Option<JsonAmount>,
     #[schema(schema_with = nullable_currency_schema)]
     currency: Option<String>,
+    /// The customer's address: with it, the confirmation email is sent once.
+    #[schema(
+        example = "ann@example.com",
+        max_length = 254,
+        pattern = "^[A-Za-z0-9_%+-]+(\\.[A-Za-z0-9_%+-]+)*@[A-Za-z0-9]([A-Za-z0-9-]{0,61}[A-Za-z0-9])?(\\.[A-Za-z0-9]([A-Za-z0-9-]{0,61}[A-Za-z0-9])?)*$"
+    )]
+    email: Option<String>,
 }
 
 /// The amount as a decimal string (`"42.50"`) or a JSON number (`42.50`), kept as written:
@@ -163,6 +180,10 @@ pub struct CheckoutResponse {
     /// The `Idempotency-Key` sent, or the UUIDv7 minted for this operation.
     pub operation_key: String,
     pub usage: UsageView,
+    /// The confirmation email, when the request named an `email` and the assistant sent
+    /// it: queued or sent, and its Message-ID.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub confirmation: Option<Confirmation>,
 }
 
 /// What the checkout cost the model provider, and what resuming from the journal saved.
@@ -334,11 +355,14 @@ pub async fn checkout(
     caller: Option<Extension<Caller>>,
     format: Format,
     IdempotencyKey(client_key): IdempotencyKey,
-    Params(query): Params<CheckoutQuery>,
-    JsonBody(body): JsonBody<CheckoutBody>,
+    Params(mut query): Params<CheckoutQuery>,
+    JsonBody(mut body): JsonBody<CheckoutBody>,
 ) -> Response {
-    let order = match order(query, body, app.settings().payments.max_amount) {
-        Ok(order) => order,
+    let email = recipient(query.email.take(), body.email.take());
+    let checked = order(query, body, app.settings().payments.max_amount)
+        .and_then(|order| Ok((order, email?)));
+    let (order, email) = match checked {
+        Ok(checked) => checked,
         Err(problem) => {
             app.metrics().checkout(Code::InvalidRequest.as_str());
             return problem.into_response();
@@ -347,12 +371,16 @@ pub async fn checkout(
     match client_key {
         Some(key) => {
             let scope = caller.map(|Extension(c)| c.0).unwrap_or_default();
-            let fingerprint = Fingerprint::of_checkout(&order);
+            let mut fingerprint = Fingerprint::of_checkout(&order).with_email(email.as_ref());
+            if format == Format::Text {
+                // Kept with the request for the recovery sweep; not part of its identity.
+                fingerprint = fingerprint.noting("accept", "text/plain");
+            }
             let work = {
                 let (app, key, scope) = (app.clone(), key.clone(), scope.clone());
                 move |lease: &Lease| {
                     let fence = Some(lease.fence);
-                    async move { run(&app, order, key, &scope, fence, format).await }
+                    async move { run(&app, order, email, key, &scope, fence, format).await }
                 }
             };
             // Boxed, like the failure path: a handler future is as large as its largest
@@ -361,9 +389,9 @@ pub async fn checkout(
         }
         None => {
             let operation_key = OperationKey::mint();
-            idempotent::detached(
-                async move { run(&app, order, operation_key, "", None, format).await },
-            )
+            idempotent::detached(async move {
+                run(&app, order, email, operation_key, "", None, format).await
+            })
             .await
             .into_response()
         }
@@ -405,6 +433,34 @@ fn order(query: CheckoutQuery, body: CheckoutBody, max_amount: u64) -> Result<Or
     Ok(Order::new(order_id, amount))
 }
 
+/// A request as its Idempotency-Key record keeps it ([`Fingerprint::request`]), checked
+/// again as the handler checks it: what the recovery sweep resumes.
+pub(crate) fn rebuild(
+    request: &str,
+    max_amount: u64,
+) -> Result<(Order, Option<Recipient>, Format), String> {
+    let mut fields: serde_json::Map<String, serde_json::Value> =
+        serde_json::from_str(request).map_err(|err| err.to_string())?;
+    let format = match fields.remove("accept") {
+        Some(accept) if accept == "text/plain" => Format::Text,
+        _ => Format::Json,
+    };
+    let mut query: CheckoutQuery =
+        serde_json::from_value(serde_json::Value::Object(fields)).map_err(|err| err.to_string())?;
+    let email = recipient(query.email.take(), None).map_err(|p| p.body.detail.clone())?;
+    let order = order(query, CheckoutBody::default(), max_amount).map_err(|p| p.body.detail)?;
+    Ok((order, email, format))
+}
+
+/// The customer's address, if the query or the body names one.
+fn recipient(query: Option<String>, body: Option<String>) -> Result<Option<Recipient>, Problem> {
+    one_of("email", query, body)?
+        .map(|text| {
+            Recipient::parse(&text).map_err(|err| Problem::invalid("email", format!("email {err}")))
+        })
+        .transpose()
+}
+
 fn one_of(
     field: &str,
     query: Option<String>,
@@ -426,16 +482,18 @@ fn one_of(
 pub(crate) async fn run(
     app: &AppState,
     order: Order,
+    email: Option<Recipient>,
     operation_key: OperationKey,
     scope: &str,
     fence: Option<i64>,
     format: Format,
 ) -> Answer {
-    let ctx = CheckoutContext::new(order, operation_key, scope, fence);
+    let ctx = CheckoutContext::new(order, email, operation_key, scope, fence);
     match app.assistant().checkout(ctx.clone()).await {
         Ok(outcome) => {
             app.metrics().checkout("ok");
-            success(&ctx, outcome, format)
+            let confirmation = Box::pin(confirmation(app, &ctx)).await;
+            success(&ctx, outcome, confirmation, format)
         }
         Err(err) => {
             let problem = Box::pin(failure(app, &ctx, err)).await;
@@ -445,7 +503,29 @@ pub(crate) async fn run(
     }
 }
 
-fn success(ctx: &CheckoutContext, outcome: CheckoutOutcome, format: Format) -> Answer {
+/// The operation's confirmation email as it stands, when the request named an address.
+async fn confirmation(app: &AppState, ctx: &CheckoutContext) -> Option<Confirmation> {
+    ctx.email()?;
+    let key = ctx.journal_key();
+    match app
+        .outbox()
+        .confirmation(&key.scope, &key.operation_key)
+        .await
+    {
+        Ok(confirmation) => confirmation,
+        Err(err) => {
+            tracing::warn!(error = %err, "cannot read the confirmation's outbox row; the answer leaves it out");
+            None
+        }
+    }
+}
+
+fn success(
+    ctx: &CheckoutContext,
+    outcome: CheckoutOutcome,
+    confirmation: Option<Confirmation>,
+    format: Format,
+) -> Answer {
     let usage = outcome.usage;
     tracing::info!(
         order = %ctx.order().id(),
@@ -472,6 +552,7 @@ fn success(ctx: &CheckoutContext, outcome: CheckoutOutcome, format: Format) -> A
                 attempts: outcome.attempts,
                 operation_key: ctx.operation_key().to_string(),
                 usage: UsageView::from(usage),
+                confirmation,
             };
             Answer::json(StatusCode::OK, &body)
         }

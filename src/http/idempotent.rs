@@ -181,6 +181,16 @@ pub async fn detached(work: impl Future<Output = Answer> + Send + 'static) -> An
     }
 }
 
+/// Runs `work` under a lease the recovery sweep took: as [`once`] runs a new key's work
+/// (renewed while it runs; the answer saved if final, else the lease released).
+pub(crate) async fn resume(
+    app: &AppState,
+    lease: Lease,
+    work: impl Future<Output = Answer> + Send + 'static,
+) -> Answer {
+    detached(owned(app.clone(), lease, work)).await
+}
+
 /// The work under our lease: renewed while it runs, then the answer saved (a final
 /// outcome) or the lease released (a transient failure: the key stays usable).
 async fn owned(

@@ -9,6 +9,7 @@ pub mod health;
 pub mod idempotent;
 pub mod metrics;
 pub mod receipts;
+pub mod recovery;
 pub mod state;
 
 use std::time::Duration;

@@ -12,6 +12,7 @@ use crate::config::Settings;
 use crate::db::Database;
 use crate::idempotency::Records;
 use crate::metrics::Metrics;
+use crate::outbox::Outbox;
 use crate::payments::PaymentGateway;
 
 /// What every handler shares.
@@ -22,6 +23,7 @@ struct Shared {
     settings: Settings,
     db: Database,
     gateway: PaymentGateway,
+    outbox: Outbox,
     records: Records,
     assistant: Assistant,
     model: ModelInfo,
@@ -41,6 +43,8 @@ impl AppState {
     ) -> Self {
         AppState(Arc::new(Shared {
             records: Records::new(&db),
+            // Read here only (the answer's confirmation); the tool writes through its own.
+            outbox: Outbox::new(&db, settings.mail.from.clone()),
             gate,
             settings,
             db,
@@ -70,6 +74,10 @@ impl AppState {
 
     pub fn gateway(&self) -> &PaymentGateway {
         &self.0.gateway
+    }
+
+    pub fn outbox(&self) -> &Outbox {
+        &self.0.outbox
     }
 
     pub fn records(&self) -> &Records {

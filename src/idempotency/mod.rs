@@ -13,28 +13,63 @@ mod records;
 
 use std::time::Duration;
 
-pub use records::{Lease, Saved};
+pub use records::{Lapsed, Lease, Saved};
 
 use crate::db::{Database, StoreError};
 use crate::journal;
+use crate::outbox::Recipient;
 use crate::payments::Order;
 
 /// What makes two requests the same request: method, path, and the canonical order.
+/// It also carries the request itself (JSON), which the record keeps so that the
+/// recovery sweep can resume the operation without its client.
 #[derive(Clone, Debug, PartialEq, Eq)]
-pub struct Fingerprint(String);
+pub struct Fingerprint {
+    canonical: String,
+    request: serde_json::Map<String, serde_json::Value>,
+}
 
 impl Fingerprint {
     pub fn of_checkout(order: &Order) -> Fingerprint {
-        Fingerprint(format!(
-            "POST /checkout orderId={} amount={} currency={}",
-            order.id(),
-            order.amount().minor(),
-            order.amount().currency()
-        ))
+        let amount = order.amount();
+        let mut request = serde_json::Map::new();
+        request.insert("orderId".into(), order.id().as_str().into());
+        request.insert("amount".into(), amount.decimal().into());
+        request.insert("currency".into(), amount.currency().code().into());
+        Fingerprint {
+            canonical: format!(
+                "POST /checkout orderId={} amount={} currency={}",
+                order.id(),
+                amount.minor(),
+                amount.currency()
+            ),
+            request,
+        }
+    }
+
+    /// The same request with the customer's address: another address is another request.
+    pub fn with_email(mut self, email: Option<&Recipient>) -> Fingerprint {
+        if let Some(email) = email {
+            self.canonical.push_str(&format!(" email={email}"));
+            self.request.insert("email".into(), email.as_str().into());
+        }
+        self
+    }
+
+    /// Something the request asked that does not make it another request (the answer's
+    /// format), kept for the sweep's resume.
+    pub fn noting(mut self, name: &str, value: &str) -> Fingerprint {
+        self.request.insert(name.into(), value.into());
+        self
     }
 
     pub fn as_str(&self) -> &str {
-        &self.0
+        &self.canonical
+    }
+
+    /// The request, as JSON.
+    pub fn request(&self) -> String {
+        serde_json::Value::Object(self.request.clone()).to_string()
     }
 }
 
@@ -77,6 +112,27 @@ impl Records {
         records::release(self.db.acquire().await?.conn(), lease).await
     }
 
+    /// Unfinished operations whose lease lapsed at least `grace` ago (the sweep's).
+    pub async fn lapsed(&self, grace: Duration, limit: i64) -> Result<Vec<Lapsed>, StoreError> {
+        records::lapsed(self.db.acquire().await?.conn(), grace, limit).await
+    }
+
+    /// Takes a lapsed operation over for the recovery sweep, while it has fewer than
+    /// `max` recoveries: a new fence, as a client's retry would take.
+    pub async fn recover(
+        &self,
+        lapsed: &Lapsed,
+        lease: Duration,
+        max: i64,
+    ) -> Result<Option<Lease>, StoreError> {
+        records::recover(self.db.acquire().await?.conn(), lapsed, lease, max).await
+    }
+
+    /// Marks an operation recovered `max` times as needing attention; true if this call did.
+    pub async fn give_up(&self, lapsed: &Lapsed, max: i64) -> Result<bool, StoreError> {
+        records::give_up(self.db.acquire().await?.conn(), lapsed, max).await
+    }
+
     /// Deletes expired records, and expired journal entries (they expire with their
     /// operation's record); how many records.
     pub async fn sweep(&self) -> Result<u64, StoreError> {
@@ -99,8 +155,10 @@ pub async fn begin(
     // Each turn either decides or loses a race that moved the record on; a handful of
     // turns is more than any real contention needs.
     for _ in 0..8 {
-        let fp = fingerprint.as_str();
-        if let Some(fence) = records::insert(conn.conn(), scope, key, fp, lease, ttl).await? {
+        let (fp, request) = (fingerprint.as_str(), fingerprint.request());
+        if let Some(fence) =
+            records::insert(conn.conn(), scope, key, fp, &request, lease, ttl).await?
+        {
             return Ok(Begin::Owner(lease_of(scope, key, fence)));
         }
         let Some(record) = records::read(conn.conn(), scope, key).await? else {

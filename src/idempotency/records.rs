@@ -33,8 +33,8 @@ pub struct Record {
 }
 
 const INSERT: &str = "\
-    INSERT INTO idempotency_keys (scope, key, fingerprint, fence, lease_until, created_at, expires_at) \
-    SELECT $1, $2, $3, 1, now_ms + $4, now_ms, now_ms + $5 FROM clock WHERE true \
+    INSERT INTO idempotency_keys (scope, key, fingerprint, fence, lease_until, created_at, expires_at, request) \
+    SELECT $1, $2, $3, 1, now_ms + $4, now_ms, now_ms + $5, $6 FROM clock WHERE true \
     ON CONFLICT (scope, key) DO NOTHING RETURNING fence";
 
 const READ: &str = "\
@@ -65,12 +65,98 @@ const RELEASE: &str = "\
 
 const SWEEP: &str = "DELETE FROM idempotency_keys WHERE expires_at <= (SELECT now_ms FROM clock)";
 
+/// Unfinished records whose lease lapsed at least `$1` ms ago, and the sweep has not
+/// given up on: the recovery sweep's candidates.
+const LAPSED: &str = "\
+    SELECT scope, key, fence, request, recoveries FROM idempotency_keys, clock \
+    WHERE status IS NULL AND lease_until <= now_ms - $1 AND expires_at > now_ms \
+    AND attention_at IS NULL AND request IS NOT NULL ORDER BY lease_until LIMIT $2";
+
+/// A takeover by the recovery sweep: as the client's retry takes one (a new fence), and
+/// counted, while fewer than `$5` recoveries were tried.
+const RECOVER: &str = "\
+    UPDATE idempotency_keys SET fence = fence + 1, recoveries = recoveries + 1, \
+    lease_until = (SELECT now_ms FROM clock) + $4 \
+    WHERE scope = $1 AND key = $2 AND fence = $3 AND status IS NULL AND attention_at IS NULL \
+    AND recoveries < $5 AND lease_until <= (SELECT now_ms FROM clock) \
+    RETURNING fence";
+
+/// The sweep gives up on a record it recovered `$4` times: it needs an operator.
+const GIVE_UP: &str = "\
+    UPDATE idempotency_keys SET attention_at = (SELECT now_ms FROM clock) \
+    WHERE scope = $1 AND key = $2 AND fence = $3 AND status IS NULL AND attention_at IS NULL \
+    AND recoveries >= $4 AND lease_until <= (SELECT now_ms FROM clock)";
+
+/// An unfinished operation whose lease lapsed.
+#[derive(Debug, sqlx::FromRow)]
+pub struct Lapsed {
+    pub scope: String,
+    pub key: String,
+    pub fence: i64,
+    /// What it was asked, as its handler recorded it.
+    pub request: String,
+    /// Times the recovery sweep took it over already.
+    pub recoveries: i64,
+}
+
+/// Up to `limit` operations whose lease lapsed at least `grace` ago.
+pub async fn lapsed(
+    conn: Conn<'_>,
+    grace: Duration,
+    limit: i64,
+) -> Result<Vec<Lapsed>, StoreError> {
+    Ok(on_conn!(conn, c => sqlx::query_as(LAPSED)
+        .bind(millis(grace))
+        .bind(limit)
+        .fetch_all(c)
+        .await?))
+}
+
+/// Takes a lapsed operation over for the recovery sweep: its new lease, or `None` when
+/// someone else got there first (or it is out of recoveries).
+pub async fn recover(
+    conn: Conn<'_>,
+    lapsed: &Lapsed,
+    lease: Duration,
+    max: i64,
+) -> Result<Option<Lease>, StoreError> {
+    let fence: Option<i64> = on_conn!(conn, c => sqlx::query_scalar(RECOVER)
+        .bind(&lapsed.scope)
+        .bind(&lapsed.key)
+        .bind(lapsed.fence)
+        .bind(millis(lease))
+        .bind(max)
+        .fetch_optional(c)
+        .await?);
+    Ok(fence.map(|fence| Lease {
+        scope: lapsed.scope.clone(),
+        key: lapsed.key.clone(),
+        fence,
+    }))
+}
+
+/// Marks an operation the sweep recovered `max` times as needing attention; true when
+/// this call marked it.
+pub async fn give_up(conn: Conn<'_>, lapsed: &Lapsed, max: i64) -> Result<bool, StoreError> {
+    let done = on_conn!(conn, c => sqlx::query(GIVE_UP)
+        .bind(&lapsed.scope)
+        .bind(&lapsed.key)
+        .bind(lapsed.fence)
+        .bind(max)
+        .execute(c)
+        .await?
+        .rows_affected());
+    Ok(done == 1)
+}
+
 /// Inserts a fresh record with fence 1, unless the key exists. The fence, if inserted.
+/// `request` is what the recovery sweep rebuilds the operation from.
 pub async fn insert(
     conn: Conn<'_>,
     scope: &str,
     key: &str,
     fingerprint: &str,
+    request: &str,
     lease: Duration,
     ttl: Duration,
 ) -> Result<Option<i64>, StoreError> {
@@ -80,6 +166,7 @@ pub async fn insert(
         .bind(fingerprint)
         .bind(millis(lease))
         .bind(millis(ttl))
+        .bind(request)
         .fetch_optional(c)
         .await?))
 }

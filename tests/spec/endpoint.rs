@@ -372,7 +372,10 @@ async fn the_openapi_document_describes_every_field_and_error() {
         .iter()
         .map(|p| p["name"].as_str().unwrap())
         .collect();
-    assert_eq!(params, ["orderId", "amount", "currency", "Idempotency-Key"]);
+    assert_eq!(
+        params,
+        ["orderId", "amount", "currency", "email", "Idempotency-Key"]
+    );
     let statuses: Vec<&str> = post["responses"]
         .as_object()
         .unwrap()

@@ -8,6 +8,7 @@ mod common;
 mod auth;
 mod crash;
 mod db_restart;
+mod email;
 mod endpoint;
 mod faults;
 mod idempotency;

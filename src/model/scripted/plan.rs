@@ -43,6 +43,10 @@ pub enum Fault {
     MissingField,
     /// Write the amount as a JSON number instead of a string.
     NumericAmount,
+    /// Call `send_confirmation` before charging (when the tool is offered).
+    ConfirmFirst,
+    /// Call `send_confirmation` twice in one answer, after charging.
+    DoubleConfirm,
     /// Answer what a real server once answered: a response recorded with `curl -i`.
     Replay(Recording),
     /// Answer as the script would, in a form some real servers use. Like `slow`, it lets
@@ -140,7 +144,7 @@ impl Fault {
     /// Parses one fault: `503`, `503+retry-after=2`, `503+retry-after-date=2`, `429+quota`,
     /// `timeout`, `close`, `slow=1500`, `malformed`, `wrong-order`, `wrong-amount`,
     /// `double-charge`, `recharge` (alias `never-stop`), `no-charge`, `unknown-tool`,
-    /// `bad-arguments`, `missing-field`, `numeric-amount`, `replay=PATH` (a `curl -i`
+    /// `bad-arguments`, `missing-field`, `numeric-amount`, `confirm-first`, `double-confirm`, `replay=PATH` (a `curl -i`
     /// recording; the path has no `@`, `+` or `,`), and the quirks `empty-content`,
     /// `text-before-call`, `finish-stop`, `finish-tool-calls`, `object-arguments`,
     /// `same-id`.
@@ -197,6 +201,8 @@ impl Fault {
                 "bad-arguments" => Fault::BadArguments,
                 "missing-field" => Fault::MissingField,
                 "numeric-amount" => Fault::NumericAmount,
+                "confirm-first" => Fault::ConfirmFirst,
+                "double-confirm" => Fault::DoubleConfirm,
                 "empty-content" => Fault::Quirk(Quirk::EmptyContent),
                 "text-before-call" => Fault::Quirk(Quirk::TextBeforeCall),
                 "finish-stop" => Fault::Quirk(Quirk::FinishStop),

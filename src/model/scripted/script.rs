@@ -44,6 +44,36 @@ fn charged(chat: &ChatRequest) -> Option<serde_json::Value> {
     })
 }
 
+/// Whether the conversation offers `send_confirmation` (the request named an address).
+fn confirmation_offered(chat: &ChatRequest) -> bool {
+    chat.tools.iter().any(|tool| tool.function.name == CONFIRM)
+}
+
+/// Whether a `send_confirmation` call of the assistant's was answered after the charge:
+/// with the message, or a refusal that asking again would not change. One refused for
+/// coming before the charge does not count.
+fn confirmation_called(chat: &ChatRequest) -> bool {
+    let calls: Vec<&str> = chat
+        .messages
+        .iter()
+        .flat_map(|m| match m {
+            Message::Assistant { tool_calls, .. } => tool_calls.as_slice(),
+            _ => &[],
+        })
+        .filter(|c| c.function.name == CONFIRM)
+        .map(|c| c.id.as_str())
+        .collect();
+    chat.messages.iter().any(|m| match m {
+        Message::Tool {
+            tool_call_id,
+            content,
+        } => calls.contains(&tool_call_id.as_str()) && !content.contains("not charged yet"),
+        _ => false,
+    })
+}
+
+const CONFIRM: &str = "send_confirmation";
+
 pub(super) fn assistant_answer(
     chat: &ChatRequest,
     number: u64,
@@ -85,20 +115,34 @@ pub(super) fn assistant_answer(
             ))]
         }
         Some(Fault::MissingField) => vec![call(json!({"orderId": asked.order}).to_string())],
+        Some(Fault::ConfirmFirst) if confirmation_offered(chat) && done.is_none() => {
+            vec![(CONFIRM.into(), "{}".into())]
+        }
+        Some(Fault::DoubleConfirm) if confirmation_offered(chat) && done.is_some() => {
+            vec![(CONFIRM.into(), "{}".into()), (CONFIRM.into(), "{}".into())]
+        }
         Some(Fault::NumericAmount) if done.is_none() => vec![call(format!(
             "{{\"orderId\": {}, \"amount\": {}}}",
             serde_json::Value::String(asked.order.clone()),
             asked.amount
         ))],
         _ => match &done {
+            Some(_) if confirmation_offered(chat) && !confirmation_called(chat) => {
+                vec![(CONFIRM.into(), "{}".into())]
+            }
             Some(receipt) => {
                 let field = |name: &str| receipt.get(name).and_then(|v| v.as_str()).unwrap_or("?");
                 let text = format!(
-                    "Your payment of {} {} for order {} went through; your receipt is {}.",
+                    "Your payment of {} {} for order {} went through; your receipt is {}.{}",
                     field("amount"),
                     field("currency"),
                     field("orderId"),
                     field("receiptId"),
+                    if confirmation_called(chat) {
+                        " A confirmation email is on its way."
+                    } else {
+                        ""
+                    },
                 );
                 return completion(Some(&text), vec![]);
             }

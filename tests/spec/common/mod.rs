@@ -3,6 +3,7 @@
 //! in-process on port 0 or as a real `checkout` process.
 
 pub mod proxy;
+pub mod smtp;
 
 use std::io::{BufRead, BufReader};
 use std::net::SocketAddr;
@@ -33,6 +34,8 @@ pub struct TestDb {
     pub backend: Backend,
     pub url: String,
     _dir: Option<tempfile::TempDir>,
+    /// Where the service writes its `.eml` files (no SMTP server configured).
+    pub mail_dir: tempfile::TempDir,
 }
 
 impl TestDb {
@@ -46,6 +49,7 @@ impl TestDb {
                     backend,
                     url,
                     _dir: Some(dir),
+                    mail_dir: tempfile::tempdir().expect("a temp dir"),
                 }
             }
             Backend::Postgres => {
@@ -67,6 +71,7 @@ impl TestDb {
                     backend,
                     url: format!("{admin}{separator}options[search_path]={schema}"),
                     _dir: None,
+                    mail_dir: tempfile::tempdir().expect("a temp dir"),
                 }
             }
         }
@@ -163,6 +168,7 @@ pub fn test_settings(db: &TestDb, model: &ScriptedModel) -> Settings {
     let mut s = Settings::default();
     s.server.listen = SocketAddr::from(([127, 0, 0, 1], 0));
     s.database.url = db.url.clone();
+    s.mail.dir = db.mail_dir.path().to_owned();
     s.model.base_url = Some(model.base_url());
     s.request.timeout = Duration::from_millis(400);
     s.request.backoff_min = Duration::from_millis(5);
@@ -332,6 +338,8 @@ pub struct Process {
     pub child: Child,
     pub base: String,
     logs: Arc<Mutex<Vec<String>>>,
+    /// The `.eml` directory, unless the test names its own `CHECKOUT_MAIL_DIR`.
+    _mail_dir: tempfile::TempDir,
 }
 
 impl Process {
@@ -366,8 +374,10 @@ impl Process {
 
     /// Starts the binary without waiting for it.
     pub fn spawn(env: &[(&str, &str)]) -> Process {
+        let mail_dir = tempfile::tempdir().expect("a temp dir");
         let mut command = Command::new(env!("CARGO_BIN_EXE_checkout"));
         command
+            .env("CHECKOUT_MAIL_DIR", mail_dir.path())
             .current_dir(env!("CARGO_MANIFEST_DIR"))
             .env_remove("OPENAI_API_KEY")
             .env_remove("OPENAI_BASE_URL")
@@ -375,6 +385,7 @@ impl Process {
             .env_remove("CHECKOUT_CONFIG")
             .env_remove("OTEL_EXPORTER_OTLP_ENDPOINT")
             .env_remove("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT")
+            .env_remove("CHECKOUT_SMTP_URL")
             .env("CHECKOUT_LISTEN", "127.0.0.1:0")
             .env("CHECKOUT_LOG_FORMAT", "text")
             .env("NO_COLOR", "1")
@@ -400,6 +411,7 @@ impl Process {
             child,
             base: String::new(),
             logs,
+            _mail_dir: mail_dir,
         }
     }
 

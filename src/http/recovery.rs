@@ -1,0 +1,117 @@
+//! The recovery sweep: an operation whose lease lapsed unfinished (its instance died, or
+//! its client went away after a transient failure) is taken over by a live instance, as
+//! the client's retry with the same Idempotency-Key would take it (a new fence: a zombie
+//! owner can no longer write), resumed from its journal through the same loop, and its
+//! answer saved for the client's retry. A charge made before a crash so gets its
+//! confirmation. Bounded: after `recovery_max_attempts` takeovers the operation is
+//! marked as needing attention and logged at error level.
+
+use std::time::Duration;
+
+use super::checkout::{self, rebuild};
+use super::idempotent;
+use super::state::AppState;
+use crate::idempotency::Lapsed;
+use crate::payments::OperationKey;
+
+/// Operations looked at per pass.
+const BATCH: i64 = 16;
+
+/// Sweeps every lease period, for as long as the service runs.
+pub async fn sweep_forever(app: AppState) {
+    let lease = app.settings().idempotency.lease;
+    let mut tick = tokio::time::interval(lease.clamp(Duration::from_millis(100), lease));
+    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    loop {
+        tick.tick().await;
+        // An operation released after a transient failure is left to its client for one
+        // more lease period; one whose owner died has been silent that long already.
+        let lapsed = match app.records().lapsed(lease, BATCH).await {
+            Ok(lapsed) => lapsed,
+            Err(err) => {
+                tracing::warn!(error = %err, "recovery sweep: cannot look for lapsed operations");
+                continue;
+            }
+        };
+        for operation in lapsed {
+            Box::pin(recover(&app, operation)).await;
+        }
+    }
+}
+
+async fn recover(app: &AppState, operation: Lapsed) {
+    let settings = app.settings();
+    let max = i64::from(settings.idempotency.recovery_max_attempts);
+    let (scope, key) = (operation.scope.clone(), operation.key.clone());
+    if operation.recoveries >= max {
+        match app.records().give_up(&operation, max).await {
+            Ok(true) => tracing::error!(
+                key,
+                scope,
+                recoveries = operation.recoveries,
+                "recovery sweep: gave up on an operation resumed {} time(s) without finishing; it needs attention (idempotency_keys.attention_at is set; its journal, receipt and outbox rows say how far it got). A client's retry with its Idempotency-Key still resumes it",
+                operation.recoveries
+            ),
+            Ok(false) => {}
+            Err(err) => {
+                tracing::warn!(key, error = %err, "recovery sweep: cannot mark an operation")
+            }
+        }
+        return;
+    }
+    let request = match rebuild(&operation.request, settings.payments.max_amount).and_then(
+        |parts| {
+            Ok((
+                parts,
+                OperationKey::from_client(&key).map_err(|e| e.to_string())?,
+            ))
+        },
+    ) {
+        Ok(request) => request,
+        Err(err) => {
+            tracing::error!(key, scope, error = %err, "recovery sweep: the operation's recorded request does not read; not resumed");
+            return;
+        }
+    };
+    let lease = match app
+        .records()
+        .recover(&operation, settings.idempotency.lease, max)
+        .await
+    {
+        Ok(Some(lease)) => lease,
+        // Its client's retry, or another instance's sweep, got there first.
+        Ok(None) => return,
+        Err(err) => {
+            tracing::warn!(key, error = %err, "recovery sweep: cannot take an operation over");
+            return;
+        }
+    };
+    tracing::warn!(
+        key,
+        scope,
+        fence = lease.fence,
+        recovery = operation.recoveries + 1,
+        of = max,
+        "recovery sweep: took over an operation whose lease lapsed unfinished; resuming it from its journal"
+    );
+    let ((order, email, format), operation_key) = request;
+    let fence = Some(lease.fence);
+    let work = {
+        let app = app.clone();
+        async move { checkout::run(&app, order, email, operation_key, &scope, fence, format).await }
+    };
+    let answer = idempotent::resume(app, lease, work).await;
+    if answer.final_outcome {
+        tracing::info!(
+            key,
+            status = answer.status.as_u16(),
+            "recovery sweep: the operation finished; its answer is saved for the client's retry"
+        );
+    } else {
+        tracing::warn!(
+            key,
+            status = answer.status.as_u16(),
+            "recovery sweep: the operation did not finish; it is tried again later"
+        );
+    }
+}
