@@ -12,7 +12,8 @@ use checkout::secret::Secret;
 use serde_json::Value;
 
 use crate::common::smtp::{FaultySmtp, Maildev};
-use crate::common::{Backend, Harness, Reply, TestDb, until};
+use crate::common::{Backend, Harness, Process, Reply, TestDb, client, post, scripted, until};
+use checkout::model::scripted::FaultRule;
 
 const EMAIL: &str = "ann@example.com";
 
@@ -333,5 +334,148 @@ both_backends!(
             metrics.contains("checkout_emails_total{result=\"failed\"} 1"),
             "{metrics}"
         );
+    }
+);
+
+/// An operation's request from a real process, by its Idempotency-Key.
+async fn checkout_at(at: &Process, order: &str, key: &str) -> Reply {
+    post(
+        &client(),
+        &at.url(&format!(
+            "/checkout?orderId={order}&amount=42.50&email={EMAIL}"
+        )),
+        &[("Idempotency-Key", key)],
+        None,
+    )
+    .await
+}
+
+both_backends!(
+    sigkill_after_the_charge_and_before_the_send_the_sweep_of_another_instance_sends_it_once,
+    |backend| async move {
+        let db = TestDb::new(backend).await;
+        // The confirmation's round never answers: the instance is killed in it.
+        let model = scripted("timeout@2").await;
+        let mail = tempfile::tempdir().unwrap();
+        let base_url = model.base_url();
+        let env = [
+            ("DATABASE_URL", db.url.as_str()),
+            ("OPENAI_BASE_URL", base_url.as_str()),
+            ("CHECKOUT_MAIL_DIR", mail.path().to_str().unwrap()),
+            ("CHECKOUT_IDEMPOTENCY_LEASE_MS", "1000"),
+        ];
+        let mut victim = Process::start(&env);
+        let lost = {
+            let url = victim.url(&format!("/checkout?orderId=K-1&amount=42.50&email={EMAIL}"));
+            // Its answer is lost with the victim.
+            let request = client().post(url).header("Idempotency-Key", "k-1");
+            tokio::spawn(async move { request.send().await.is_ok() })
+        };
+        until(
+            "the order is charged and the confirmation asked for",
+            async || db.receipts("K-1").await == 1 && model.requests_at_round(2) >= 1,
+        )
+        .await;
+        victim.signal("KILL");
+        victim.wait(Duration::from_secs(10));
+        lost.abort();
+        assert_eq!(rows(&db, "k-1").await, 0, "killed before the send");
+        model.set_faults(Vec::new());
+        // Nobody retries: the sweep of the live instance resumes the operation.
+        let survivor = Process::start(&env);
+        until("the confirmation is sent", async || {
+            sent(&db, "k-1").await == 1
+        })
+        .await;
+        // The sweep took it over once (a new fence, as a client's retry would take).
+        assert_eq!(
+            db.count(
+                "SELECT count(*) FROM idempotency_keys WHERE key = $1 AND recoveries = 1 AND fence = 2",
+                Some("k-1"),
+            )
+            .await,
+            1
+        );
+        assert_eq!(db.receipts("K-1").await, 1);
+        assert_eq!(rows(&db, "k-1").await, 1);
+        let files: Vec<_> = std::fs::read_dir(mail.path()).unwrap().collect();
+        assert_eq!(files.len(), 1, "one .eml file");
+        // The client's retry finds the answer the sweep saved.
+        let retry = checkout_at(&survivor, "K-1", "k-1").await;
+        assert_eq!(retry.status, 200, "{}", retry.text());
+        assert_eq!(retry.header("idempotent-replayed"), Some("true"));
+        assert_eq!(retry.json()["charged"], true);
+        let id = message_id(&retry);
+        let name = files[0].as_ref().unwrap().file_name();
+        assert_eq!(
+            name.to_str().unwrap(),
+            format!("{}.eml", id.trim_matches(['<', '>']))
+        );
+    }
+);
+
+both_backends!(
+    sigkill_after_the_server_accepted_and_before_the_row_was_marked_delivers_again_with_the_same_message_id,
+    |backend| async move {
+        let db = TestDb::new(backend).await;
+        let model = scripted("").await;
+        // The first message is kept and never acknowledged; the instance dies waiting.
+        let server = FaultySmtp::start(&["--hold", "1"]);
+        let (base_url, smtp) = (model.base_url(), server.url());
+        let env = [
+            ("DATABASE_URL", db.url.as_str()),
+            ("OPENAI_BASE_URL", base_url.as_str()),
+            ("CHECKOUT_SMTP_URL", smtp.as_str()),
+            // The claim lapses 3 s after the victim's: its SMTP command waits up to 1.5 s.
+            ("CHECKOUT_MAIL_LEASE_MS", "3000"),
+        ];
+        let mut victim = Process::start(&env);
+        let reply = checkout_at(&victim, "H-1", "h-1").await;
+        assert_eq!(reply.status, 200, "{}", reply.text());
+        let id = message_id(&reply);
+        until("the server has the message", async || server.outcomes() == ["held"]).await;
+        victim.signal("KILL");
+        victim.wait(Duration::from_secs(10));
+        assert_eq!(sent(&db, "h-1").await, 0, "killed before the row was marked");
+        let _survivor = Process::start(&env);
+        until("the row is sent", async || sent(&db, "h-1").await == 1).await;
+        // SMTP cannot close this case: the message is delivered twice, as one message.
+        assert_eq!(server.outcomes(), ["held", "accepted"]);
+        let ids: HashSet<String> = server
+            .received()
+            .iter()
+            .map(|m| m["message_id"].as_str().unwrap().to_owned())
+            .collect();
+        assert_eq!(ids, HashSet::from([id]));
+        assert_eq!(rows(&db, "h-1").await, 1);
+    }
+);
+
+both_backends!(
+    the_sweep_gives_up_after_its_attempts_and_the_clients_retry_still_resumes,
+    |backend| async move {
+        // Every model request fails: the operation never finishes by itself.
+        let h = Harness::with(backend, "503", |s| {
+            s.idempotency.recovery_max_attempts = 2;
+        })
+        .await;
+        let reply = checkout(&h, "G-1", "g-1").await;
+        assert_eq!(reply.status, 502, "{}", reply.text());
+        until("the sweep gave up", async || {
+            h.db.count(
+                "SELECT count(*) FROM idempotency_keys WHERE key = $1 \
+                 AND attention_at IS NOT NULL AND recoveries = 2 AND status IS NULL",
+                Some("g-1"),
+            )
+            .await
+                == 1
+        })
+        .await;
+        assert_eq!(h.db.receipts("G-1").await, 0);
+        h.model.set_faults(Vec::<FaultRule>::new());
+        let retry = checkout(&h, "G-1", "g-1").await;
+        assert_eq!(retry.status, 200, "{}", retry.text());
+        assert_eq!(h.db.receipts("G-1").await, 1);
+        assert_eq!(rows(&h.db, "g-1").await, 1);
     }
 );
