@@ -61,8 +61,8 @@ pub struct CheckoutQuery {
     amount: Option<String>,
     #[param(schema_with = currency_schema)]
     currency: Option<String>,
-    /// The customer's address (one, at most 254 characters): with it, the assistant also
-    /// sends the confirmation email, once per operation.
+    /// The customer's address (one, at most 254 characters, at most 64 before the `@`):
+    /// with it, the assistant also sends the confirmation email, once per operation.
     // The pattern is `outbox::EMAIL_PATTERN`, repeated: the derive macros take literals.
     #[param(
         example = "ann@example.com",
@@ -89,7 +89,8 @@ pub struct CheckoutBody {
     amount: Option<JsonAmount>,
     #[schema(schema_with = nullable_currency_schema)]
     currency: Option<String>,
-    /// The customer's address: with it, the confirmation email is sent once.
+    /// The customer's address (one, at most 254 characters, at most 64 before the `@`):
+    /// with it, the confirmation email is sent once per operation.
     #[schema(
         example = "ann@example.com",
         max_length = 254,

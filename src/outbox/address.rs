@@ -35,6 +35,11 @@ impl Recipient {
         if text.contains([',', ';', '<', '>']) {
             return Err("must be one address (local@domain), not a list or a display name".into());
         }
+        if text.split('@').next().is_some_and(|local| local.len() > 64) {
+            return Err(
+                "has more than 64 characters before the @, the most an address may have".into(),
+            );
+        }
         if !plain(text) {
             return Err(format!(
                 "{text:?} is not an address of the form local@domain (letters, digits, . _ % + - before the @, a host name after it)"
@@ -115,6 +120,11 @@ mod tests {
         ] {
             assert!(Recipient::parse(bad).is_err(), "{bad:?} was taken");
         }
+        assert!(
+            Recipient::parse(&format!("{}@example.com", "a".repeat(65)))
+                .unwrap_err()
+                .contains("64")
+        );
         let long = format!("{}@example.com", "a".repeat(250));
         assert!(Recipient::parse(&long).unwrap_err().contains("254"));
     }

@@ -242,7 +242,11 @@ both_backends!(
             let reply = checkout(&h, &format!("L-{i}"), &key).await;
             assert_eq!(reply.status, 200, "{faults}: {}", reply.text());
             assert_eq!(h.db.all_receipts().await, 1, "{faults}");
-            assert_eq!(rows(&h.db, &key).await, 1, "{faults}, journal {journal}: one outbox row");
+            assert_eq!(
+                rows(&h.db, &key).await,
+                1,
+                "{faults}, journal {journal}: one outbox row"
+            );
             until("the row is sent", async || sent(&h.db, &key).await == 1).await;
             ids.push((faults, message_id(&reply)));
         }
