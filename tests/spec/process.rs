@@ -200,6 +200,21 @@ async fn a_bad_setting_is_one_line_naming_it_and_exit_status_2() {
             "invalid setting DATABASE_URL (database_url in the config file): must start with sqlite:, postgres:// or postgresql://",
         ),
         (
+            "CHECKOUT_SMTP_URL",
+            "http://mail.example.com",
+            "invalid setting CHECKOUT_SMTP_URL (smtp_url in the config file): must start with smtp:// or smtps://",
+        ),
+        (
+            "CHECKOUT_MAIL_FROM",
+            "not an address",
+            "invalid setting CHECKOUT_MAIL_FROM (mail_from in the config file): \"not an address\" is not a sender such as checkout@example.com or \"Shop <shop@example.com>\": Invalid input",
+        ),
+        (
+            "CHECKOUT_RECOVERY",
+            "sometimes",
+            "invalid setting CHECKOUT_RECOVERY (recovery in the config file): \"sometimes\" is neither true nor false",
+        ),
+        (
             "CHECKOUT_SCRIPTED_FAULTS",
             "explode",
             "invalid setting CHECKOUT_SCRIPTED_FAULTS (scripted_faults in the config file): fault \"explode\": unknown fault \"explode\"",
@@ -271,5 +286,47 @@ async fn debug_logs_carry_every_model_body_and_never_the_api_key() {
     assert!(
         !logs.iter().any(|l| l.contains(key)),
         "the API key was logged"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_start_up_log_says_where_confirmation_emails_go_and_that_the_sweep_runs() {
+    let db = TestDb::new(Backend::Sqlite).await;
+    let mail = tempfile::tempdir().unwrap();
+    let dir = mail.path().join("outgoing");
+    let process = Process::start(&[
+        ("DATABASE_URL", db.url.as_str()),
+        ("CHECKOUT_MAIL_DIR", dir.to_str().unwrap()),
+    ]);
+    let logs = process.logs();
+    let said = |text: &str| logs.iter().filter(|l| l.contains(text)).count();
+    assert_eq!(
+        said(&format!(
+            "confirmation emails: no CHECKOUT_SMTP_URL is set, so no email leaves this machine: each message is written as <message-id>.eml in {}",
+            dir.display()
+        )),
+        1,
+        "{logs:#?}"
+    );
+    assert!(dir.is_dir(), "the mail directory is made at start-up");
+    assert_eq!(said("recovery sweep: every 1"), 1, "{logs:#?}");
+    drop(process);
+    let process = Process::start(&[
+        ("DATABASE_URL", db.url.as_str()),
+        ("CHECKOUT_SMTP_URL", "smtp://user:secret-pw@127.0.0.1:2525"),
+        ("CHECKOUT_RECOVERY", "false"),
+    ]);
+    let logs = process.logs();
+    let said = |text: &str| logs.iter().filter(|l| l.contains(text)).count();
+    assert_eq!(
+        said("confirmation emails: sent to the SMTP server smtp://127.0.0.1:2525 (pooled)"),
+        1,
+        "{logs:#?}"
+    );
+    assert_eq!(said("secret-pw"), 0, "the SMTP password was logged");
+    assert_eq!(
+        said("recovery sweep: off (CHECKOUT_RECOVERY=false)"),
+        1,
+        "{logs:#?}"
     );
 }
