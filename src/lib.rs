@@ -31,6 +31,7 @@ use journal::Journal;
 use metrics::Metrics;
 use model::scripted::{Script, ScriptedModel};
 use model::{ModelClient, ModelEndpoint};
+use payments::stripe::Stripe;
 use payments::{PaymentGateway, Receipts};
 
 /// Why the service could not start.
@@ -42,6 +43,8 @@ pub enum StartError {
     ScriptedModel(std::io::Error),
     #[error("cannot build the model client: {0}")]
     ModelClient(tower::BoxError),
+    #[error("cannot build the payment provider's client: {0}")]
+    PaymentProvider(tower::BoxError),
     /// Settings that would serve open where they must not: exit status 2, like any
     /// setting that cannot work.
     #[error("{0}")]
@@ -104,7 +107,13 @@ impl App {
         let metrics = Metrics::new();
         let client = ModelClient::new(&endpoint, &settings.request, &metrics)
             .map_err(StartError::ModelClient)?;
-        let gateway = PaymentGateway::new(Receipts::new(&db));
+        let gateway = match settings.stripe() {
+            Some(stripe) => PaymentGateway::with_provider(
+                Receipts::new(&db),
+                Stripe::new(&stripe, &metrics).map_err(StartError::PaymentProvider)?,
+            ),
+            None => PaymentGateway::new(Receipts::new(&db)),
+        };
         let limits = LoopLimits {
             max_rounds: settings.r#loop.max_rounds,
             max_nudges: settings.r#loop.max_nudges,
@@ -289,6 +298,23 @@ fn announce(settings: &Settings, db: &Database, model: &ModelInfo) {
         "[6] request timeout: {} ms per model request",
         ms(settings.request.timeout)
     );
+    match settings.stripe() {
+        None => tracing::info!(
+            provider = "ledger",
+            "payment provider: ledger (CHECKOUT_PAYMENT_PROVIDER=ledger): the receipts table is the record of charges; no money moves elsewhere"
+        ),
+        Some(stripe) => tracing::info!(
+            provider = "stripe",
+            base_url = %stripe.base_url,
+            "payment provider: stripe at {}: each charge commits an intent (order, amount, currency, payment method, attempt), then POST /v1/payment_intents with Idempotency-Key = charge key + attempt, then the receipt. [7] provider retry: re-sends one provider request with the same key and parameters up to {} more time(s), backoff {}..{} ms; on timeouts, dropped connections, 409 idempotency_key_in_use, 429, 5xx; never on 402 (declined: the attempt ends) or another 4xx (400 idempotency_error is a bug: 502). [8] provider timeout: {} ms per request. An intent left unsettled is re-sent by the next run of any unit within the key retention ({} s), looked up by its metadata after it, never charged anew",
+            stripe.base_url,
+            stripe.max_retries,
+            ms(stripe.backoff_min),
+            ms(stripe.backoff_max),
+            ms(stripe.timeout),
+            stripe.key_retention.as_secs()
+        ),
+    }
     if settings.r#loop.retry.max_retries > 0 && !settings.r#loop.journal {
         tracing::warn!(
             "the loop retry re-runs tools that already ran, the charge included; it cannot double-charge here because every attempt charges with the charge key the handler made from the order id before the first attempt, and the receipts table's unique order_id hands a repeated charge the first receipt"

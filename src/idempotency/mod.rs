@@ -25,12 +25,17 @@ pub struct Fingerprint(String);
 
 impl Fingerprint {
     pub fn of_checkout(order: &Order) -> Fingerprint {
-        Fingerprint(format!(
+        let mut text = format!(
             "POST /checkout orderId={} amount={} currency={}",
             order.id(),
             order.amount().minor(),
             order.amount().currency()
-        ))
+        );
+        // Only when given, so that a key's fingerprint without one stays as it was.
+        if let Some(method) = order.payment_method() {
+            text.push_str(&format!(" paymentMethod={method}"));
+        }
+        Fingerprint(text)
     }
 
     pub fn as_str(&self) -> &str {
