@@ -170,10 +170,12 @@ impl PaymentGateway {
         if let Some(existing) = self.store.receipt(order).await? {
             return Self::charged(ChargeOutcome::Existing(existing), amount);
         }
-        let intent = loop {
+        // A new attempt is sent whatever its age; an open one found is re-sent within the
+        // key retention and looked up after it.
+        let (intent, fresh) = loop {
             let latest = self.store.latest_intent(order).await?;
             match latest {
-                Some(open) if open.status.is_open() => break open,
+                Some(open) if open.status.is_open() => break (open, false),
                 // This operation's own attempt was declined: the same answer, not a
                 // new charge of the card that was just refused.
                 Some(ended)
@@ -188,6 +190,10 @@ impl PaymentGateway {
                     });
                 }
                 Some(succeeded) if succeeded.status == IntentStatus::Succeeded => {
+                    // Settled by a concurrent run since the receipt was looked for.
+                    if let Some(existing) = self.store.receipt(order).await? {
+                        return Self::charged(ChargeOutcome::Existing(existing), amount);
+                    }
                     return Err(StoreError::Corrupt(format!(
                         "attempt {} of order {order} succeeded, and the order has no receipt",
                         succeeded.attempt
@@ -212,14 +218,14 @@ impl PaymentGateway {
                     };
                     if self.store.create_intent(&intent).await? {
                         tracing::info!(order = %order, attempt, provider_key = %intent.provider_key, "payment intent committed; calling the payment provider");
-                        break intent;
+                        break (intent, true);
                     }
                     // Another run committed this attempt first: settle theirs.
                 }
             }
         };
-        let answer = if u128::try_from(intent.age_ms).unwrap_or(0)
-            < provider.key_retention().as_millis()
+        let answer = if fresh
+            || u128::try_from(intent.age_ms).unwrap_or(0) < provider.key_retention().as_millis()
         {
             provider.create(&intent).await?
         } else {

@@ -119,10 +119,11 @@ const LATEST: &str = "\
     CAST((SELECT now_ms FROM clock) - created_ms AS BIGINT) AS age_ms \
     FROM payment_intents WHERE order_id = $1 ORDER BY attempt DESC LIMIT 1";
 
+/// (`WHERE true`: SQLite reads `ON CONFLICT` after a bare `FROM` as a join constraint.)
 const CREATE: &str = "\
     INSERT INTO payment_intents (order_id, attempt, amount_minor, currency, payment_method, \
     provider_key, operation_key, caller, status, created_ms) \
-    SELECT $1, $2, $3, $4, $5, $6, $7, $8, 'pending', now_ms FROM clock \
+    SELECT $1, $2, $3, $4, $5, $6, $7, $8, 'pending', now_ms FROM clock WHERE true \
     ON CONFLICT (order_id, attempt) DO NOTHING";
 
 const SETTLE: &str = "\
