@@ -286,6 +286,51 @@ both_backends!(
     }
 );
 
+// Beyond the key retention, a look-up that finds no payment settles the attempt as
+// absent (nothing was charged under it): the next checkout makes attempt 2.
+both_backends!(
+    an_old_intent_the_provider_never_executed_is_absent_and_the_next_checkout_makes_a_new_attempt,
+    |backend| async move {
+        let fake = StripeFake::start().await;
+        let h = harness(backend, &fake, |s| {
+            s.payments.max_retries = 0;
+            s.r#loop.retry.max_retries = 0;
+            s.payments.key_retention = Duration::ZERO;
+        })
+        .await;
+        fake.fail_next(Fault::FailBeforeExecuting);
+        let lost = pay(&h, "P-1", "pm_card_visa", Some("k-1")).await;
+        assert_eq!(lost.problem(502)["code"], "provider_error");
+        assert_eq!(intents(&h, "pending").await, 1);
+
+        let absent = pay(&h, "P-1", "pm_card_visa", Some("k-1")).await;
+        let problem = absent.problem(502);
+        assert_eq!(problem["code"], "provider_error", "{problem}");
+        assert!(
+            problem["detail"]
+                .as_str()
+                .unwrap()
+                .contains("no payment of it was found"),
+            "{problem}"
+        );
+        assert_eq!(
+            h.db.count(
+                "SELECT count(*) FROM payment_intents WHERE status = 'absent'",
+                None
+            )
+            .await,
+            1
+        );
+        assert_eq!(fake.requests_of(KEY_1), 1, "not re-sent");
+
+        let reply = pay(&h, "P-1", "pm_card_visa", Some("k-1")).await;
+        assert_eq!(reply.status, 200, "{}", reply.text());
+        assert_eq!(fake.keys(), ["checkout:P-1:attempt:2"]);
+        assert_eq!(fake.executions(), 1);
+        assert_eq!(h.db.receipts("P-1").await, 1);
+    }
+);
+
 both_backends!(
     a_decline_ends_the_attempt_and_a_new_checkout_makes_a_new_one,
     |backend| async move {

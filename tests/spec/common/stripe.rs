@@ -42,6 +42,8 @@ pub enum Fault {
     DelayAnswer(Duration),
     /// Holds the key as in progress this long, then executes and answers.
     DelayExecution(Duration),
+    /// Answers 500 without executing: nothing is saved, nothing charged.
+    FailBeforeExecuting,
 }
 
 /// The fake, serving on loopback until dropped.
@@ -270,6 +272,13 @@ async fn create(State(fake): State<Arc<Fake>>, headers: HeaderMap, body: Bytes) 
     };
     if let Some(Fault::DelayExecution(wait)) = fault {
         tokio::time::sleep(wait).await;
+    }
+    if let Some(Fault::FailBeforeExecuting) = fault {
+        drop(guard);
+        return error(
+            500,
+            json!({"type": "api_error", "message": "An unknown error occurred"}),
+        );
     }
     let (status, body) = execute(&fake, &key, &params);
     let (status, body) = match fault {
