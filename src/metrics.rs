@@ -105,7 +105,7 @@ const JOURNAL_TOKENS_SAVED: Def = Def {
 
 const PROVIDER_REQUESTS: Def = Def {
     name: "checkout_provider_requests_total",
-    help: "HTTP requests to the payment provider, each retry its own, by operation (create: POST /v1/payment_intents; search: the look-up by metadata) and outcome: succeeded, declined, requires_action, found, not_found, in_use (409 idempotency_key_in_use, retried), idempotency_error (400: the same key with other parameters, a bug), server_error (5xx), timeout, transport (the connection failed or dropped), refused (another 4xx), malformed.",
+    help: "HTTP requests to the payment provider, each retry its own, by operation (create: POST /v1/payment_intents; search: the look-up by metadata) and outcome: succeeded, declined, requires_action, other (another PaymentIntent status), answered (a search's 200), in_use (409 idempotency_key_in_use, retried), idempotency_error (400: the same key with other parameters, a bug), server_error (5xx), timeout, transport (the connection failed or dropped), refused (another 4xx), malformed.",
     buckets: None,
 };
 const PROVIDER_DURATION: Def = Def {
