@@ -381,7 +381,7 @@ pub async fn checkout(
     Params(query): Params<CheckoutQuery>,
     JsonBody(body): JsonBody<CheckoutBody>,
 ) -> Response {
-    let needs_method = app.gateway().provider_name() != "ledger";
+    let needs_method = app.gateway().needs_payment_method();
     let order = match order(
         query,
         body,

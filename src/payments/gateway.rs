@@ -87,13 +87,10 @@ impl PaymentGateway {
         }
     }
 
-    /// `ledger` or `stripe`.
-    pub fn provider_name(&self) -> &'static str {
-        if self.provider.is_some() {
-            "stripe"
-        } else {
-            "ledger"
-        }
+    /// Whether a payment provider takes the payments: a checkout then names its payment
+    /// method.
+    pub fn needs_payment_method(&self) -> bool {
+        self.provider.is_some()
     }
 
     /// Charges the key's order `amount`, once. Calling it again for the same order and

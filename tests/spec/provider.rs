@@ -137,7 +137,7 @@ both_backends!(
     |backend| async move {
         let fake = StripeFake::start().await;
         let h = harness(backend, &fake, |s| {
-            s.payments.timeout = Duration::from_millis(300);
+            s.payments.timeout = Duration::from_millis(1_000);
         })
         .await;
         // The connection dropped before the answer: re-sent, the saved answer comes back.
@@ -146,7 +146,7 @@ both_backends!(
         assert_eq!(reply.status, 200, "{}", reply.text());
         assert_eq!((fake.executions_of(KEY_1), fake.requests_of(KEY_1)), (1, 2));
         // The answer came too late: re-sent after the provider timeout, saved answer.
-        fake.fail_next(Fault::DelayAnswer(Duration::from_millis(2_000)));
+        fake.fail_next(Fault::DelayAnswer(Duration::from_millis(4_000)));
         let reply = pay(&h, "P-2", "pm_card_visa", None).await;
         assert_eq!(reply.status, 200, "{}", reply.text());
         let key = "checkout:P-2:attempt:1";
@@ -174,7 +174,11 @@ both_backends!(
         let fake = StripeFake::start().await;
         let h = harness(backend, &fake, |s| {
             s.payments.timeout = Duration::from_millis(5_000);
+            // The provider retry outlasts the first request's execution (~2 s of
+            // backoff against 0.5 s).
             s.payments.max_retries = 10;
+            s.request.backoff_min = Duration::from_millis(50);
+            s.request.backoff_max = Duration::from_millis(200);
         })
         .await;
         fake.fail_next(Fault::DelayExecution(Duration::from_millis(500)));
@@ -210,10 +214,10 @@ both_backends!(
         let fake = StripeFake::start().await;
         let h = harness(backend, &fake, |s| {
             s.payments.timeout = Duration::from_millis(10_000);
-            s.r#loop.retry.timeout = Duration::from_millis(1_500);
+            s.r#loop.retry.timeout = Duration::from_millis(2_500);
         })
         .await;
-        fake.fail_next(Fault::DelayAnswer(Duration::from_millis(4_000)));
+        fake.fail_next(Fault::DelayAnswer(Duration::from_millis(8_000)));
         let reply = pay(&h, "P-1", "pm_card_visa", None).await;
         assert_eq!(reply.status, 200, "{}", reply.text());
         assert_eq!(reply.json()["attempts"], 2, "{}", reply.text());
