@@ -279,11 +279,15 @@ impl IntoResponses for CheckoutErrors {
         requires_action.body.attempts = Some(1);
         requires_action.body.order_charged = Some(Some(false));
         requires_action.body.charged = Some(Some(false));
-        let provider_error = failed(
+        let mut provider_error = failed(
             Code::ProviderError,
-            "the payment provider gave no outcome: the payment provider answered 503 : overloaded; no payment of attempt 1 is found by its metadata yet; the loop retry gave up after 3 loop attempts; the order was not charged",
+            "the payment provider gave no outcome: the payment provider answered 503 : overloaded; no payment of attempt 1 is found by its metadata yet; the loop retry gave up after 3 loop attempts; whether the payment provider charged order A-100 is unknown: its payment intent stays open, and the next run of this checkout (a retry with the same Idempotency-Key, another checkout of the order, the recovery sweep) settles it under the same key, never charging it twice",
             false,
         );
+        provider_error.body.attempts = Some(3);
+        provider_error.body.layer = Some("loop retry".to_owned());
+        provider_error.body.order_charged = Some(None);
+        provider_error.body.charged = Some(None);
         documented([
             (
                 "Invalid input (`invalid_request`, with `field`); nothing was charged",
@@ -620,7 +624,23 @@ async fn failure(app: &AppState, ctx: &CheckoutContext, err: CheckoutError) -> P
         FailureKind::Journal(JournalFailure::Mismatch { .. }) => Code::JournalMismatch,
     };
     let report = ctx.charge_report(app.gateway()).await;
-    let mut problem = Problem::new(code, format!("{err}; {report}"));
+    // No receipt, but the provider may have charged under the intent it was sent: unknown
+    // until a run settles the intent with its key.
+    let intent_open = matches!(
+        err.kind.charge_error(),
+        Some(ChargeError::Provider(provider)) if !provider.charged_nothing()
+    ) && report.order == ChargeStatus::NotCharged;
+    let mut problem = if intent_open {
+        Problem::new(
+            code,
+            format!(
+                "{err}; whether the payment provider charged order {} is unknown: its payment intent stays open, and the next run of this checkout (a retry with the same Idempotency-Key, another checkout of the order, the recovery sweep) settles it under the same key, never charging it twice",
+                ctx.order().id()
+            ),
+        )
+    } else {
+        Problem::new(code, format!("{err}; {report}"))
+    };
     if code == Code::Unavailable {
         problem = problem.retry_after(1);
     }
@@ -638,8 +658,13 @@ async fn failure(app: &AppState, ctx: &CheckoutContext, err: CheckoutError) -> P
     if let ChargeStatus::Charged(receipt) = &report.order {
         body.receipt_id = Some(receipt.id.to_string());
     }
-    body.order_charged = Some(report.order.known());
-    body.charged = Some(report.this_checkout.known());
+    if intent_open {
+        body.order_charged = Some(None);
+        body.charged = Some(None);
+    } else {
+        body.order_charged = Some(report.order.known());
+        body.charged = Some(report.this_checkout.known());
+    }
     problem
 }
 
