@@ -174,14 +174,14 @@ both_backends!(
         let fake = StripeFake::start().await;
         let h = harness(backend, &fake, |s| {
             s.payments.timeout = Duration::from_millis(5_000);
-            // The provider retry outlasts the first request's execution (~2 s of
-            // backoff against 0.5 s).
-            s.payments.max_retries = 10;
-            s.request.backoff_min = Duration::from_millis(50);
-            s.request.backoff_max = Duration::from_millis(200);
+            // One provider retry, well after the first request's execution (held 2 s):
+            // the second checkout is told in_use once, then gets the saved answer.
+            s.request.backoff_min = Duration::from_millis(4_000);
+            s.request.backoff_max = Duration::from_millis(4_000);
+            s.r#loop.retry.timeout = Duration::from_millis(10_000);
         })
         .await;
-        fake.fail_next(Fault::DelayExecution(Duration::from_millis(500)));
+        fake.fail_next(Fault::DelayExecution(Duration::from_millis(2_000)));
         let (a, b) = tokio::join!(pay(&h, "P-1", "pm_card_visa", Some("first")), async {
             crate::common::until("the first request is at the provider", async || {
                 fake.requests_of(KEY_1) == 1
@@ -202,7 +202,19 @@ both_backends!(
             "the first operation made the charge"
         );
         assert_eq!(fake.executions(), 1);
-        assert!(fake.requests_of(KEY_1) >= 2, "the second was told in_use");
+        assert_eq!(
+            fake.requests_of(KEY_1),
+            3,
+            "the first's, the second's (409 in_use), the second's retry (the saved answer)"
+        );
+        let scrape = h.get("/metrics").await.text();
+        for line in [
+            "checkout_provider_requests_total{operation=\"create\",outcome=\"in_use\"} 1",
+            "checkout_provider_requests_total{operation=\"create\",outcome=\"succeeded\"} 2",
+            "checkout_retries_total{layer=\"provider\",reason=\"in_use\"} 1",
+        ] {
+            assert!(scrape.contains(line), "{line}: {scrape}");
+        }
         assert_eq!(h.db.receipts("P-1").await, 1);
         assert_eq!(intents(&h, "all").await, 1);
     }
