@@ -260,7 +260,7 @@ fn announce(settings: &Settings, db: &Database, model: &ModelInfo) {
         unit = "the whole assistant loop, tools included",
         max_retries = settings.r#loop.retry.max_retries,
         journal = settings.r#loop.journal,
-        "[3] loop retry: repeats the whole assistant loop up to {} more time(s), backoff {}..{} ms; on a loop timeout, a model failure the request retry could not mend, a transient database error; never on a model 4xx, invalid input, amount_conflict, model_did_not_charge. {}",
+        "[3] loop retry: repeats the whole assistant loop up to {} more time(s), backoff {}..{} ms; on a loop timeout, a model failure the request retry could not mend, a transient database error, a payment provider that gave no outcome; never on a model 4xx, invalid input, amount_conflict, model_did_not_charge, a declined payment. {}",
         settings.r#loop.retry.max_retries,
         ms(settings.r#loop.retry.backoff_min),
         ms(settings.r#loop.retry.backoff_max),
@@ -303,17 +303,31 @@ fn announce(settings: &Settings, db: &Database, model: &ModelInfo) {
             provider = "ledger",
             "payment provider: ledger (CHECKOUT_PAYMENT_PROVIDER=ledger): the receipts table is the record of charges; no money moves elsewhere"
         ),
-        Some(stripe) => tracing::info!(
-            provider = "stripe",
-            base_url = %stripe.base_url,
-            "payment provider: stripe at {}: each charge commits an intent (order, amount, currency, payment method, attempt), then POST /v1/payment_intents with Idempotency-Key = charge key + attempt, then the receipt. [7] provider retry: re-sends one provider request with the same key and parameters up to {} more time(s), backoff {}..{} ms; on timeouts, dropped connections, 409 idempotency_key_in_use, 429, 5xx; never on 402 (declined: the attempt ends) or another 4xx (400 idempotency_error is a bug: 502). [8] provider timeout: {} ms per request. An intent left unsettled is re-sent by the next run of any unit within the key retention ({} s), looked up by its metadata after it, never charged anew",
-            stripe.base_url,
-            stripe.max_retries,
-            ms(stripe.backoff_min),
-            ms(stripe.backoff_max),
-            ms(stripe.timeout),
-            stripe.key_retention.as_secs()
-        ),
+        Some(stripe) => {
+            tracing::info!(
+                provider = "stripe",
+                base_url = %stripe.base_url,
+                "payment provider: stripe at {}: each charge commits an intent (order, amount, currency, payment method, attempt), then POST /v1/payment_intents with Idempotency-Key = charge key + attempt and the intent's parameters, then the receipt. An intent left open is re-sent by the next run of any unit within the key retention ({} s), looked up by its metadata after it, never charged anew",
+                stripe.base_url,
+                stripe.key_retention.as_secs()
+            );
+            tracing::info!(
+                layer = 7,
+                unit = "one payment-provider HTTP request",
+                max_retries = stripe.max_retries,
+                "[7] provider retry: re-sends one payment-provider request with the same Idempotency-Key and parameters up to {} more time(s), backoff {}..{} ms; on timeouts, dropped connections, 409 idempotency_key_in_use, 429, 5xx, then looks the payment up; never on 402 (declined: the attempt ends) or another 4xx (400 idempotency_error is a bug: 502)",
+                stripe.max_retries,
+                ms(stripe.backoff_min),
+                ms(stripe.backoff_max)
+            );
+            tracing::info!(
+                layer = 8,
+                unit = "one payment-provider HTTP request",
+                timeout_ms = ms(stripe.timeout),
+                "[8] provider timeout: {} ms per payment-provider request",
+                ms(stripe.timeout)
+            );
+        }
     }
     if settings.r#loop.retry.max_retries > 0 && !settings.r#loop.journal {
         tracing::warn!(
