@@ -13,10 +13,12 @@ use crate::db::PoolSettings;
 use crate::model::scripted::FaultRule;
 use crate::model::{ModelEndpoint, RequestRetrySettings};
 use crate::outbox::MailSettings;
+use crate::payments::stripe::StripeSettings;
 use crate::secret::Secret;
 
 pub const DEFAULT_CONFIG: &str = "config/default.toml";
 pub const OPENAI_BASE_URL: &str = "https://api.openai.com/v1";
+pub const STRIPE_BASE_URL: &str = "https://api.stripe.com";
 
 /// Every setting, nested by the part of the service it concerns. A section that one part
 /// of the service takes whole is that part's own type (the request retry's, the loop
@@ -54,6 +56,35 @@ pub struct ServerSettings {
 pub struct PaymentSettings {
     /// The largest amount accepted, in whole units of the currency.
     pub max_amount: u64,
+    /// Who moves the money (`CHECKOUT_PAYMENT_PROVIDER`).
+    pub provider: PaymentProvider,
+    pub stripe_base_url: String,
+    /// Required with `stripe`; a secret, never logged.
+    pub stripe_api_key: Option<Secret>,
+    /// How long the provider keeps an idempotency key's result (Stripe: 24 h).
+    pub key_retention: Duration,
+    /// One request to the provider: its timeout and retries.
+    pub timeout: Duration,
+    pub max_retries: u32,
+}
+
+/// Who moves the money.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum PaymentProvider {
+    /// The receipts table is the ledger; nothing else is asked (the default).
+    Ledger,
+    /// Stripe's PaymentIntents API, or a server speaking its subset.
+    Stripe,
+}
+
+impl PaymentProvider {
+    fn parse(v: &str) -> Result<PaymentProvider, String> {
+        match v {
+            "ledger" => Ok(PaymentProvider::Ledger),
+            "stripe" => Ok(PaymentProvider::Stripe),
+            _ => Err(format!("{v:?} is neither ledger nor stripe")),
+        }
+    }
 }
 
 #[derive(Clone, Debug)]
@@ -129,6 +160,12 @@ impl Default for Settings {
             },
             payments: PaymentSettings {
                 max_amount: 1_000_000,
+                provider: PaymentProvider::Ledger,
+                stripe_base_url: STRIPE_BASE_URL.into(),
+                stripe_api_key: None,
+                key_retention: Duration::from_secs(24 * 60 * 60),
+                timeout: Duration::from_millis(10_000),
+                max_retries: 2,
             },
             database: DatabaseSettings {
                 url: "sqlite://checkout.db".into(),
@@ -219,6 +256,12 @@ pub const SETTINGS: &[(&str, &str, Setter)] = &[
     ("server_timeout_ms", "CHECKOUT_SERVER_TIMEOUT_MS", |s, v| put(&mut s.server.timeout, millis(v, 1))),
     ("body_limit_bytes", "CHECKOUT_BODY_LIMIT_BYTES", |s, v| put(&mut s.server.body_limit_bytes, number(v, 64, 1 << 20))),
     ("max_amount", "CHECKOUT_MAX_AMOUNT", |s, v| put(&mut s.payments.max_amount, number(v, 1, 1_000_000_000_000))),
+    ("payment_provider", "CHECKOUT_PAYMENT_PROVIDER", |s, v| put(&mut s.payments.provider, PaymentProvider::parse(v))),
+    ("stripe_base_url", "STRIPE_BASE_URL", |s, v| put(&mut s.payments.stripe_base_url, http_url(v))),
+    ("stripe_api_key", "STRIPE_API_KEY", |s, v| put(&mut s.payments.stripe_api_key, Ok((!v.is_empty()).then(|| Secret::new(v))))),
+    ("provider_key_retention_secs", "CHECKOUT_PROVIDER_KEY_RETENTION_SECS", |s, v| put(&mut s.payments.key_retention, number(v, 1, 30 * 24 * 3600).map(Duration::from_secs))),
+    ("provider_timeout_ms", "CHECKOUT_PROVIDER_TIMEOUT_MS", |s, v| put(&mut s.payments.timeout, millis(v, 1))),
+    ("provider_max_retries", "CHECKOUT_PROVIDER_MAX_RETRIES", |s, v| put(&mut s.payments.max_retries, number(v, 0, 10))),
     ("database_url", "DATABASE_URL", |s, v| put(&mut s.database.url, database_url(v))),
     ("db_max_connections", "CHECKOUT_DB_MAX_CONNECTIONS", |s, v| put(&mut s.database.pool.max_connections, number(v, 1, 1000))),
     ("db_acquire_timeout_ms", "CHECKOUT_DB_ACQUIRE_TIMEOUT_MS", |s, v| put(&mut s.database.pool.acquire_timeout, millis(v, 1))),
@@ -481,6 +524,16 @@ impl Settings {
                 endpoint.base_url
             )));
         }
+        if self.payments.provider == PaymentProvider::Stripe
+            && self.payments.stripe_api_key.is_none()
+        {
+            return Err(SettingError {
+                env: "STRIPE_API_KEY",
+                key: "stripe_api_key",
+                message: "is required with CHECKOUT_PAYMENT_PROVIDER=stripe (a test-mode key sk_test_… to try it)".into(),
+            }
+            .into());
+        }
         let scripted_options = !self.scripted.faults.is_empty() || !self.scripted.delay.is_zero();
         if scripted_options && matches!(self.provider(), Provider::Remote(_)) {
             return Err(ConfigError::Combination(
@@ -495,6 +548,23 @@ impl Settings {
     pub fn loop_worst_case(&self) -> Duration {
         let retry = &self.r#loop.retry;
         retry.timeout * (retry.max_retries + 1) + retry.backoff_max * retry.max_retries
+    }
+
+    /// The payment provider's settings, when one takes the payments.
+    pub fn stripe(&self) -> Option<StripeSettings> {
+        let payments = &self.payments;
+        if payments.provider != PaymentProvider::Stripe {
+            return None;
+        }
+        Some(StripeSettings {
+            base_url: payments.stripe_base_url.clone(),
+            api_key: payments.stripe_api_key.clone()?,
+            timeout: payments.timeout,
+            max_retries: payments.max_retries,
+            backoff_min: self.request.backoff_min,
+            backoff_max: self.request.backoff_max,
+            key_retention: payments.key_retention,
+        })
     }
 
     pub fn provider(&self) -> Provider {
@@ -585,6 +655,32 @@ mod tests {
         assert_eq!(
             err.to_string(),
             "invalid setting CHECKOUT_AUTH (auth in the config file): \"maybe\" is none of auto, required, off"
+        );
+    }
+
+    #[test]
+    fn the_payment_provider_is_the_ledger_unless_stripe_is_set_with_its_key() {
+        let s = load(&[]).unwrap();
+        assert_eq!(s.payments.provider, PaymentProvider::Ledger);
+        assert!(s.stripe().is_none());
+        let err = load(&[("CHECKOUT_PAYMENT_PROVIDER", "stripe")]).unwrap_err();
+        assert_eq!(
+            err.to_string(),
+            "invalid setting STRIPE_API_KEY (stripe_api_key in the config file): is required with CHECKOUT_PAYMENT_PROVIDER=stripe (a test-mode key sk_test_… to try it)"
+        );
+        let s = load(&[
+            ("CHECKOUT_PAYMENT_PROVIDER", "stripe"),
+            ("STRIPE_API_KEY", "sk_test_123"),
+        ])
+        .unwrap();
+        let stripe = s.stripe().unwrap();
+        assert_eq!(stripe.base_url, "https://api.stripe.com");
+        assert_eq!(stripe.key_retention, Duration::from_secs(24 * 3600));
+        assert!(!format!("{stripe:?}").contains("sk_test_123"));
+        let err = load(&[("CHECKOUT_PAYMENT_PROVIDER", "paypal")]).unwrap_err();
+        assert!(
+            err.to_string().contains("CHECKOUT_PAYMENT_PROVIDER"),
+            "{err}"
         );
     }
 

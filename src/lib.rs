@@ -33,6 +33,7 @@ use metrics::Metrics;
 use model::scripted::{Script, ScriptedModel};
 use model::{ModelClient, ModelEndpoint};
 use outbox::{Dispatcher, Outbox, Transport};
+use payments::stripe::Stripe;
 use payments::{PaymentGateway, Receipts};
 
 /// Why the service could not start.
@@ -44,6 +45,8 @@ pub enum StartError {
     ScriptedModel(std::io::Error),
     #[error("cannot build the model client: {0}")]
     ModelClient(tower::BoxError),
+    #[error("cannot build the payment provider's client: {0}")]
+    PaymentProvider(tower::BoxError),
     /// Settings that would serve open where they must not: exit status 2, like any
     /// setting that cannot work.
     #[error("{0}")]
@@ -112,7 +115,13 @@ impl App {
         let metrics = Metrics::new();
         let client = ModelClient::new(&endpoint, &settings.request, &metrics)
             .map_err(StartError::ModelClient)?;
-        let gateway = PaymentGateway::new(Receipts::new(&db));
+        let gateway = match settings.stripe() {
+            Some(stripe) => PaymentGateway::with_provider(
+                Receipts::new(&db),
+                Stripe::new(&stripe, &metrics).map_err(StartError::PaymentProvider)?,
+            ),
+            None => PaymentGateway::new(Receipts::new(&db)),
+        };
         let limits = LoopLimits {
             max_rounds: settings.r#loop.max_rounds,
             max_nudges: settings.r#loop.max_nudges,
@@ -324,7 +333,7 @@ fn announce(settings: &Settings, db: &Database, model: &ModelInfo) {
         unit = "the whole assistant loop, tools included",
         max_retries = settings.r#loop.retry.max_retries,
         journal = settings.r#loop.journal,
-        "[3] loop retry: repeats the whole assistant loop up to {} more time(s), backoff {}..{} ms; on a loop timeout, a model failure the request retry could not mend, a transient database error; never on a model 4xx, invalid input, amount_conflict, model_did_not_charge. {}",
+        "[3] loop retry: repeats the whole assistant loop up to {} more time(s), backoff {}..{} ms; on a loop timeout, a model failure the request retry could not mend, a transient database error, a payment provider that gave no outcome; never on a model 4xx, invalid input, amount_conflict, model_did_not_charge, a declined payment. {}",
         settings.r#loop.retry.max_retries,
         ms(settings.r#loop.retry.backoff_min),
         ms(settings.r#loop.retry.backoff_max),
@@ -362,6 +371,37 @@ fn announce(settings: &Settings, db: &Database, model: &ModelInfo) {
         "[6] request timeout: {} ms per model request",
         ms(settings.request.timeout)
     );
+    match settings.stripe() {
+        None => tracing::info!(
+            provider = "ledger",
+            "payment provider: ledger (CHECKOUT_PAYMENT_PROVIDER=ledger): the receipts table is the record of charges; no money moves elsewhere"
+        ),
+        Some(stripe) => {
+            tracing::info!(
+                provider = "stripe",
+                base_url = %stripe.base_url,
+                "payment provider: stripe at {}: each charge commits an intent (order, amount, currency, payment method, attempt), then POST /v1/payment_intents with Idempotency-Key = charge key + attempt and the intent's parameters, then the receipt. An intent left open is re-sent by the next run of any unit within the key retention ({} s), looked up by its metadata after it, never charged anew",
+                stripe.base_url,
+                stripe.key_retention.as_secs()
+            );
+            tracing::info!(
+                layer = 7,
+                unit = "one payment-provider HTTP request",
+                max_retries = stripe.max_retries,
+                "[7] provider retry: re-sends one payment-provider request with the same Idempotency-Key and parameters up to {} more time(s), backoff {}..{} ms; on timeouts, dropped connections, 409 idempotency_key_in_use, 429, 5xx, then looks the payment up; never on 402 (declined: the attempt ends) or another 4xx (400 idempotency_error is a bug: 502)",
+                stripe.max_retries,
+                ms(stripe.backoff_min),
+                ms(stripe.backoff_max)
+            );
+            tracing::info!(
+                layer = 8,
+                unit = "one payment-provider HTTP request",
+                timeout_ms = ms(stripe.timeout),
+                "[8] provider timeout: {} ms per payment-provider request",
+                ms(stripe.timeout)
+            );
+        }
+    }
     if settings.r#loop.retry.max_retries > 0 && !settings.r#loop.journal {
         tracing::warn!(
             "the loop retry re-runs tools that already ran, the charge included; it cannot double-charge here because every attempt charges with the charge key the handler made from the order id before the first attempt, and the receipts table's unique order_id hands a repeated charge the first receipt"

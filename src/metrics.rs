@@ -48,7 +48,7 @@ const CHARGES: Def = Def {
 };
 const RETRIES: Def = Def {
     name: "checkout_retries_total",
-    help: "Retries made, by layer (request: one model request; loop: the whole assistant loop) and by the failure retried.",
+    help: "Retries made, by layer (request: one model request; loop: the whole assistant loop; provider: one payment-provider request, re-sent with the same Idempotency-Key) and by the failure retried.",
     buckets: None,
 };
 const BUDGET_REFUSALS: Def = Def {
@@ -109,8 +109,21 @@ const EMAILS: Def = Def {
     buckets: None,
 };
 
+const PROVIDER_REQUESTS: Def = Def {
+    name: "checkout_provider_requests_total",
+    help: "HTTP requests to the payment provider, each retry its own, by operation (create: POST /v1/payment_intents; search: the look-up by metadata) and outcome: succeeded, declined, requires_action, other (another PaymentIntent status), answered (a search's 200), in_use (409 idempotency_key_in_use, retried), idempotency_error (400: the same key with other parameters, a bug), server_error (5xx), timeout, transport (the connection failed or dropped), refused (another 4xx), malformed.",
+    buckets: None,
+};
+const PROVIDER_DURATION: Def = Def {
+    name: "checkout_provider_request_duration_seconds",
+    help: "Duration of one HTTP request to the payment provider, each retry its own, by operation.",
+    buckets: Some(&[0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0]),
+};
+
 const CATALOGUE: &[&Def] = &[
     &EMAILS,
+    &PROVIDER_REQUESTS,
+    &PROVIDER_DURATION,
     &AUTH_FAILURES,
     &JOURNAL_REPLAYED,
     &JOURNAL_TOKENS_SAVED,
@@ -130,6 +143,8 @@ const CATALOGUE: &[&Def] = &[
 pub enum RetryLayer {
     Request,
     Loop,
+    /// One request to the payment provider, re-sent with the same Idempotency-Key.
+    Provider,
 }
 
 /// The timeout layers.
@@ -281,6 +296,21 @@ impl Metrics {
         self.0.handle.render()
     }
 
+    /// One request to the payment provider (`operation`: create, search) ended with
+    /// `outcome` after `took`.
+    pub fn provider_request(&self, operation: &'static str, outcome: &'static str, took: Duration) {
+        self.counter(
+            &PROVIDER_REQUESTS,
+            &[("operation", operation), ("outcome", outcome)],
+            1,
+        );
+        self.histogram(
+            &PROVIDER_DURATION,
+            &[("operation", operation)],
+            took.as_secs_f64(),
+        );
+    }
+
     /// A checkout answered: `ok`, or the problem code it ended with.
     pub fn checkout(&self, code: &'static str) {
         self.counter(&CHECKOUTS, &[("code", code)], 1);
@@ -296,6 +326,7 @@ impl Metrics {
         let layer = match layer {
             RetryLayer::Request => "request",
             RetryLayer::Loop => "loop",
+            RetryLayer::Provider => "provider",
         };
         self.counter(&RETRIES, &[("layer", layer), ("reason", reason)], 1);
     }
@@ -439,6 +470,7 @@ mod tests {
         metrics.timeout(TimedOut::Loop);
         metrics.charge(true);
         metrics.loop_rounds().reached(3);
+        metrics.provider_request("create", "succeeded", Duration::from_millis(20));
         let target = GenAiTarget {
             provider: "openai",
             model: "m".into(),

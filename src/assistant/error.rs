@@ -68,8 +68,9 @@ impl Unit for FailureKind {
 
 impl FailureKind {
     /// What the loop retry repeats: a loop timeout, a model failure the request retry
-    /// could not mend, a database that did not answer. Never a refusal by the model
-    /// provider (4xx), a model that would not charge, or an amount conflict.
+    /// could not mend, a database that did not answer, a payment provider that gave no
+    /// outcome (the repeat re-sends the same key). Never a refusal by the model provider
+    /// (4xx), a model that would not charge, an amount conflict, a declined payment.
     pub fn is_retryable(&self) -> bool {
         match self {
             FailureKind::Timeout(_) => true,
@@ -79,6 +80,9 @@ impl FailureKind {
                 // of the loop is a fresh conversation, which may well go right.
                 _ => matches!(err.kind, ModelErrorKind::Malformed(_)),
             },
+            FailureKind::Tool(ToolFailure::Charge(ChargeError::Provider(err))) => {
+                err.is_transient()
+            }
             FailureKind::Tool(_) | FailureKind::Journal(_) => {
                 self.store_error().is_some_and(StoreError::is_transient)
             }
@@ -91,7 +95,15 @@ impl FailureKind {
         match self {
             FailureKind::Timeout(_) => "timeout",
             FailureKind::Model(_) => "model",
-            FailureKind::Tool(_) => "database",
+            FailureKind::Tool(ToolFailure::Charge(charge)) => match charge {
+                ChargeError::Provider(err) => err.reason(),
+                ChargeError::Declined { .. } => "payment_declined",
+                ChargeError::RequiresAction { .. } => "payment_requires_action",
+                ChargeError::NoPaymentMethod => "no_payment_method",
+                ChargeError::AmountConflict { .. } | ChargeError::Store(_) => "database",
+            },
+            FailureKind::Tool(ToolFailure::Outbox(QueueError::Store(_))) => "database",
+            FailureKind::Tool(ToolFailure::Outbox(QueueError::Render(_))) => "render",
             FailureKind::Journal(_) => "journal",
             FailureKind::ModelDidNotCharge => "model_did_not_charge",
             FailureKind::TooManyRounds(_) => "too_many_rounds",
@@ -106,6 +118,14 @@ impl FailureKind {
                 existing,
                 ..
             })) => Some(existing),
+            _ => None,
+        }
+    }
+
+    /// The charge's own failure.
+    pub fn charge_error(&self) -> Option<&ChargeError> {
+        match self {
+            FailureKind::Tool(ToolFailure::Charge(err)) => Some(err),
             _ => None,
         }
     }

@@ -140,6 +140,7 @@ impl ToolBox {
             .charge_journaled(
                 ctx.charge_key(),
                 order.amount(),
+                order.payment_method(),
                 ctx.operation_key(),
                 &ctx.journal_key().scope,
                 |made| {

@@ -26,7 +26,7 @@ use crate::caller::{Caller, Refusal};
 use crate::idempotency::{Fingerprint, Lease};
 use crate::outbox::{Confirmation, Recipient};
 use crate::payments::money::json_decimal;
-use crate::payments::{Currency, Money, OperationKey, Order, OrderId};
+use crate::payments::{ChargeError, Currency, Money, OperationKey, Order, OrderId, PaymentMethod};
 
 /// A plain decimal above zero with at most 3 minor digits: no sign, no exponent, no
 /// separators. How many minor digits, and how large, depend on the currency and the
@@ -70,6 +70,15 @@ pub struct CheckoutQuery {
         pattern = "^[A-Za-z0-9_%+-]+(\\.[A-Za-z0-9_%+-]+)*@[A-Za-z0-9]([A-Za-z0-9-]{0,61}[A-Za-z0-9])?(\\.[A-Za-z0-9]([A-Za-z0-9-]{0,61}[A-Za-z0-9])?)*$"
     )]
     email: Option<String>,
+    /// The payment provider's payment method (`pm_…`, e.g. `pm_card_visa`): required
+    /// with a payment provider (`CHECKOUT_PAYMENT_PROVIDER=stripe`), optional with the ledger.
+    #[param(
+        example = "pm_card_visa",
+        max_length = 255,
+        pattern = "^pm_[A-Za-z0-9_]+$"
+    )]
+    #[serde(rename = "paymentMethod")]
+    payment_method: Option<String>,
 }
 
 /// The order to charge, as a JSON body (instead of, or agreeing with, the query). An
@@ -97,6 +106,14 @@ pub struct CheckoutBody {
         pattern = "^[A-Za-z0-9_%+-]+(\\.[A-Za-z0-9_%+-]+)*@[A-Za-z0-9]([A-Za-z0-9-]{0,61}[A-Za-z0-9])?(\\.[A-Za-z0-9]([A-Za-z0-9-]{0,61}[A-Za-z0-9])?)*$"
     )]
     email: Option<String>,
+    /// The payment provider's payment method (`pm_…`): required with a payment provider,
+    /// optional with the ledger.
+    #[schema(
+        example = "pm_card_visa",
+        max_length = 255,
+        pattern = "^pm_[A-Za-z0-9_]+$"
+    )]
+    payment_method: Option<String>,
 }
 
 /// The amount as a decimal string (`"42.50"`) or a JSON number (`42.50`), kept as written:
@@ -267,6 +284,32 @@ impl IntoResponses for CheckoutErrors {
         );
         deadline.body.request_attempts = Some(3);
         deadline.body.layer = Some("request retry".to_owned());
+        let mut declined = Problem::new(
+            Code::PaymentDeclined,
+            "the payment provider declined the payment (generic_decline): Your card was declined.; the loop retry does not repeat this failure (1 loop attempt); the order was not charged; a new checkout of it makes a new attempt",
+        );
+        declined.body.decline_code = Some("generic_decline".to_owned());
+        declined.body.payment_id = Some("pi_3MtwBwLkdIwHu7ix28a3tqPa".to_owned());
+        declined.body.attempts = Some(1);
+        declined.body.order_charged = Some(Some(false));
+        declined.body.charged = Some(Some(false));
+        let mut requires_action = Problem::new(
+            Code::PaymentRequiresAction,
+            "the payment needs the customer's action at the payment provider (3-D Secure), payment pi_3MtwBwLkdIwHu7ix28a3tqPa; completing it is out of scope; the loop retry does not repeat this failure (1 loop attempt); the order was not charged",
+        );
+        requires_action.body.payment_id = Some("pi_3MtwBwLkdIwHu7ix28a3tqPa".to_owned());
+        requires_action.body.attempts = Some(1);
+        requires_action.body.order_charged = Some(Some(false));
+        requires_action.body.charged = Some(Some(false));
+        let mut provider_error = failed(
+            Code::ProviderError,
+            "the payment provider gave no outcome: the payment provider answered 503 : overloaded; no payment of attempt 1 is found by its metadata yet; the loop retry gave up after 3 loop attempts; whether the payment provider charged order A-100 is unknown: its payment intent stays open, and the next run of this checkout (a retry with the same Idempotency-Key, another checkout of the order, the recovery sweep) settles it under the same key, never charging it twice",
+            false,
+        );
+        provider_error.body.attempts = Some(3);
+        provider_error.body.layer = Some("loop retry".to_owned());
+        provider_error.body.order_charged = Some(None);
+        provider_error.body.charged = Some(None);
         documented([
             (
                 "Invalid input (`invalid_request`, with `field`); nothing was charged",
@@ -278,6 +321,10 @@ impl IntoResponses for CheckoutErrors {
             (
                 "`unauthorized`: no valid API key (see WWW-Authenticate); nothing was charged",
                 vec![Problem::unauthorized(Refusal::Missing)],
+            ),
+            (
+                "`payment_declined`: the payment provider declined the payment (with its `declineCode`); `payment_requires_action`: the provider waits for the customer (3-D Secure, not completed by this service). Nothing was charged",
+                vec![declined, requires_action],
             ),
             (
                 "`amount_conflict`: the order was charged another amount; or `in_flight`: the same Idempotency-Key is still running (see Retry-After)",
@@ -297,8 +344,9 @@ impl IntoResponses for CheckoutErrors {
                 )],
             ),
             (
-                "`model_error`: the model provider failed after retries; `model_did_not_charge`: the model finished without charging",
+                "`model_error`: the model provider failed after retries; `model_did_not_charge`: the model finished without charging; `provider_error`: the payment provider gave no outcome or refused the request",
                 vec![
+                    provider_error,
                     model_error,
                     failed(
                         Code::ModelDidNotCharge,
@@ -359,9 +407,15 @@ pub async fn checkout(
     Params(mut query): Params<CheckoutQuery>,
     JsonBody(mut body): JsonBody<CheckoutBody>,
 ) -> Response {
+    let needs_method = app.gateway().needs_payment_method();
     let email = recipient(query.email.take(), body.email.take());
-    let checked = order(query, body, app.settings().payments.max_amount)
-        .and_then(|order| Ok((order, email?)));
+    let checked = order(
+        query,
+        body,
+        app.settings().payments.max_amount,
+        needs_method,
+    )
+    .and_then(|order| Ok((order, email?)));
     let (order, email) = match checked {
         Ok(checked) => checked,
         Err(problem) => {
@@ -400,8 +454,13 @@ pub async fn checkout(
 }
 
 /// The order from the query and the body, field by field. A field given in both must
-/// have the same value in both.
-fn order(query: CheckoutQuery, body: CheckoutBody, max_amount: u64) -> Result<Order, Problem> {
+/// have the same value in both. `needs_method`: a payment provider takes the payment.
+fn order(
+    query: CheckoutQuery,
+    body: CheckoutBody,
+    max_amount: u64,
+    needs_method: bool,
+) -> Result<Order, Problem> {
     let body_amount = body
         .amount
         .map(|JsonAmount(raw)| json_decimal(&raw).ok_or(()))
@@ -431,7 +490,17 @@ fn order(query: CheckoutQuery, body: CheckoutBody, max_amount: u64) -> Result<Or
     let amount = Money::parse(&amount, currency)
         .and_then(|m| m.at_most(max_amount))
         .map_err(|err| Problem::invalid("amount", format!("amount {err}")))?;
-    Ok(Order::new(order_id, amount))
+    let method = one_of("paymentMethod", query.payment_method, body.payment_method)?
+        .map(|m| PaymentMethod::parse(&m))
+        .transpose()
+        .map_err(|err| Problem::invalid("paymentMethod", format!("paymentMethod {err}")))?;
+    if needs_method && method.is_none() {
+        return Err(Problem::invalid(
+            "paymentMethod",
+            "paymentMethod is required with the payment provider, as a query parameter or in the JSON body (a pm_… id, e.g. pm_card_visa)",
+        ));
+    }
+    Ok(Order::new(order_id, amount).with_payment_method(method))
 }
 
 /// A request as its Idempotency-Key record keeps it ([`Fingerprint::request`]), checked
@@ -449,7 +518,9 @@ pub(crate) fn rebuild(
     let mut query: CheckoutQuery =
         serde_json::from_value(serde_json::Value::Object(fields)).map_err(|err| err.to_string())?;
     let email = recipient(query.email.take(), None).map_err(|p| p.body.detail.clone())?;
-    let order = order(query, CheckoutBody::default(), max_amount).map_err(|p| p.body.detail)?;
+    // The method was required, or not, when the request was first taken.
+    let order =
+        order(query, CheckoutBody::default(), max_amount, false).map_err(|p| p.body.detail)?;
     Ok((order, email, format))
 }
 
@@ -585,18 +656,75 @@ async fn failure(app: &AppState, ctx: &CheckoutContext, err: CheckoutError) -> P
         body.charged_currency = Some(existing.amount.currency().code().to_owned());
         return problem;
     }
+    match err.kind.charge_error() {
+        Some(ChargeError::Declined {
+            decline_code,
+            payment_id,
+            ..
+        }) => {
+            let mut problem = Problem::new(
+                Code::PaymentDeclined,
+                format!(
+                    "{}; the order was not charged; a new checkout of it makes a new attempt",
+                    err.kind
+                ),
+            );
+            problem.body.decline_code = Some(decline_code.clone());
+            problem.body.payment_id = payment_id.clone();
+            problem.body.attempts = Some(err.attempts);
+            problem.body.order_charged = Some(Some(false));
+            problem.body.charged = Some(Some(false));
+            return problem;
+        }
+        Some(ChargeError::RequiresAction { payment_id }) => {
+            let mut problem = Problem::new(
+                Code::PaymentRequiresAction,
+                format!("{}; the order was not charged", err.kind),
+            );
+            problem.body.payment_id = Some(payment_id.clone());
+            problem.body.attempts = Some(err.attempts);
+            problem.body.order_charged = Some(Some(false));
+            problem.body.charged = Some(Some(false));
+            return problem;
+        }
+        _ => {}
+    }
     let code = match &err.kind {
         FailureKind::Timeout(_) => Code::DeadlineExceeded,
         FailureKind::Model(_) if err.kind.is_deadline() => Code::DeadlineExceeded,
         FailureKind::Model(_) | FailureKind::TooManyRounds(_) => Code::ModelError,
         FailureKind::ModelDidNotCharge => Code::ModelDidNotCharge,
+        FailureKind::Tool(_)
+            if matches!(
+                err.kind.charge_error(),
+                Some(ChargeError::Provider(_) | ChargeError::NoPaymentMethod)
+            ) =>
+        {
+            Code::ProviderError
+        }
         // An amount conflict was answered above: what is left is the database.
         FailureKind::Tool(_) | FailureKind::Journal(JournalFailure::Store(_)) => Code::Unavailable,
         FailureKind::Journal(JournalFailure::LeaseLost) => Code::InFlight,
         FailureKind::Journal(JournalFailure::Mismatch { .. }) => Code::JournalMismatch,
     };
     let report = ctx.charge_report(app.gateway()).await;
-    let mut problem = Problem::new(code, format!("{err}; {report}"));
+    // No receipt, but the provider may have charged under the intent it was sent: unknown
+    // until a run settles the intent with its key.
+    let intent_open = matches!(
+        err.kind.charge_error(),
+        Some(ChargeError::Provider(provider)) if !provider.charged_nothing()
+    ) && report.order == ChargeStatus::NotCharged;
+    let mut problem = if intent_open {
+        Problem::new(
+            code,
+            format!(
+                "{err}; whether the payment provider charged order {} is unknown: its payment intent stays open, and the next run of this checkout (a retry with the same Idempotency-Key, another checkout of the order, the recovery sweep) settles it under the same key, never charging it twice",
+                ctx.order().id()
+            ),
+        )
+    } else {
+        Problem::new(code, format!("{err}; {report}"))
+    };
     if code == Code::Unavailable {
         problem = problem.retry_after(1);
     }
@@ -614,8 +742,13 @@ async fn failure(app: &AppState, ctx: &CheckoutContext, err: CheckoutError) -> P
     if let ChargeStatus::Charged(receipt) = &report.order {
         body.receipt_id = Some(receipt.id.to_string());
     }
-    body.order_charged = Some(report.order.known());
-    body.charged = Some(report.this_checkout.known());
+    if intent_open {
+        body.order_charged = Some(None);
+        body.charged = Some(None);
+    } else {
+        body.order_charged = Some(report.order.known());
+        body.charged = Some(report.this_checkout.known());
+    }
     problem
 }
 

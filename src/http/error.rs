@@ -21,11 +21,14 @@ pub const PROBLEM_JSON: &str = "application/problem+json";
 pub enum Code {
     InvalidRequest,
     Unauthorized,
+    PaymentDeclined,
+    PaymentRequiresAction,
     AmountConflict,
     InFlight,
     KeyReuse,
     ModelError,
     ModelDidNotCharge,
+    ProviderError,
     Unavailable,
     DeadlineExceeded,
     JournalMismatch,
@@ -38,11 +41,14 @@ impl Code {
         match self {
             Code::InvalidRequest => "invalid_request",
             Code::Unauthorized => "unauthorized",
+            Code::PaymentDeclined => "payment_declined",
+            Code::PaymentRequiresAction => "payment_requires_action",
             Code::AmountConflict => "amount_conflict",
             Code::InFlight => "in_flight",
             Code::KeyReuse => "key_reuse",
             Code::ModelError => "model_error",
             Code::ModelDidNotCharge => "model_did_not_charge",
+            Code::ProviderError => "provider_error",
             Code::Unavailable => "unavailable",
             Code::DeadlineExceeded => "deadline_exceeded",
             Code::JournalMismatch => "journal_mismatch",
@@ -55,7 +61,11 @@ impl Code {
     pub fn is_final(self) -> bool {
         matches!(
             self,
-            Code::InvalidRequest | Code::AmountConflict | Code::ModelDidNotCharge
+            Code::InvalidRequest
+                | Code::AmountConflict
+                | Code::ModelDidNotCharge
+                | Code::PaymentDeclined
+                | Code::PaymentRequiresAction
         )
     }
 
@@ -63,9 +73,12 @@ impl Code {
         match self {
             Code::InvalidRequest => StatusCode::BAD_REQUEST,
             Code::Unauthorized => StatusCode::UNAUTHORIZED,
+            Code::PaymentDeclined | Code::PaymentRequiresAction => StatusCode::PAYMENT_REQUIRED,
             Code::AmountConflict | Code::InFlight => StatusCode::CONFLICT,
             Code::KeyReuse => StatusCode::UNPROCESSABLE_ENTITY,
-            Code::ModelError | Code::ModelDidNotCharge => StatusCode::BAD_GATEWAY,
+            Code::ModelError | Code::ModelDidNotCharge | Code::ProviderError => {
+                StatusCode::BAD_GATEWAY
+            }
             Code::Unavailable => StatusCode::SERVICE_UNAVAILABLE,
             Code::DeadlineExceeded => StatusCode::GATEWAY_TIMEOUT,
             Code::JournalMismatch => StatusCode::INTERNAL_SERVER_ERROR,
@@ -78,11 +91,14 @@ impl Code {
         match self {
             Code::InvalidRequest => "The request is invalid",
             Code::Unauthorized => "A valid API key is required",
+            Code::PaymentDeclined => "The payment was declined",
+            Code::PaymentRequiresAction => "The payment needs the customer's action",
             Code::AmountConflict => "The order was already charged another amount",
             Code::InFlight => "A request with this Idempotency-Key is still being processed",
             Code::KeyReuse => "The Idempotency-Key was used for another request",
             Code::ModelError => "The model provider failed",
             Code::ModelDidNotCharge => "The model finished without charging",
+            Code::ProviderError => "The payment provider failed",
             Code::Unavailable => "The service cannot reach its database",
             Code::DeadlineExceeded => "The checkout did not finish in time",
             Code::JournalMismatch => "The operation's journal does not match its replay",
@@ -139,6 +155,13 @@ pub struct ProblemBody {
     /// For `amount_conflict`: the currency the order was charged in.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub charged_currency: Option<String>,
+    /// For `payment_declined`: the payment provider's decline code.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub decline_code: Option<String>,
+    /// For `payment_declined` and `payment_requires_action`: the payment provider's id of
+    /// the payment.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub payment_id: Option<String>,
 }
 
 /// An error answer. Build with [`Problem::new`], fill in `body`, return it.
@@ -167,6 +190,8 @@ impl Problem {
                 receipt_id: None,
                 charged_amount: None,
                 charged_currency: None,
+                decline_code: None,
+                payment_id: None,
             }),
             retry_after: None,
         }

@@ -96,6 +96,10 @@ pub struct ReceiptView {
     /// RFC 3339, UTC.
     #[schema(example = "2026-12-02T18:37:03.123456Z")]
     pub created_at: String,
+    /// The payment provider's id of the charge (Stripe's `pi_…`); absent for the ledger.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    #[schema(example = "pi_3MtwBwLkdIwHu7ix28a3tqPa")]
+    pub payment_id: Option<String>,
 }
 
 impl From<&Receipt> for ReceiptView {
@@ -108,6 +112,7 @@ impl From<&Receipt> for ReceiptView {
             created_at: receipt
                 .created_at
                 .to_rfc3339_opts(chrono::SecondsFormat::Micros, true),
+            payment_id: receipt.provider_payment_id.clone(),
         }
     }
 }

@@ -36,15 +36,18 @@ impl Fingerprint {
         request.insert("orderId".into(), order.id().as_str().into());
         request.insert("amount".into(), amount.decimal().into());
         request.insert("currency".into(), amount.currency().code().into());
-        Fingerprint {
-            canonical: format!(
-                "POST /checkout orderId={} amount={} currency={}",
-                order.id(),
-                amount.minor(),
-                amount.currency()
-            ),
-            request,
+        let mut canonical = format!(
+            "POST /checkout orderId={} amount={} currency={}",
+            order.id(),
+            amount.minor(),
+            amount.currency()
+        );
+        // Only when given, so that a key's fingerprint without one stays as it was.
+        if let Some(method) = order.payment_method() {
+            canonical.push_str(&format!(" paymentMethod={method}"));
+            request.insert("paymentMethod".into(), method.as_str().into());
         }
+        Fingerprint { canonical, request }
     }
 
     /// The same request with the customer's address: another address is another request.

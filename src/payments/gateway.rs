@@ -1,14 +1,22 @@
-use super::keys::{ChargeKey, OperationKey, OrderId};
-use super::money::Money;
-use super::store::{ChargeOutcome, Receipt, Receipts};
+use std::sync::Arc;
+
+use super::keys::{ChargeKey, OperationKey, OrderId, PaymentMethod};
+use super::money::{Currency, Money};
+use super::store::{ChargeOutcome, Intent, IntentStatus, Receipt, Receipts};
+use super::stripe::{Answer, ProviderError, Stripe};
 use crate::db::StoreError;
 use crate::journal::NewEntry;
 
 /// Takes payments. `charge` cannot be called without a [`ChargeKey`], and only a validated
 /// [`super::Order`] makes one: the exactly-once contract is in the signature.
+///
+/// Who moves the money: the ledger (the receipts table is the record, nothing else is
+/// asked; the default) or a payment provider (an intent committed first, the provider
+/// called with its key and parameters, then the receipt).
 #[derive(Clone, Debug)]
 pub struct PaymentGateway {
     store: Receipts,
+    provider: Option<Arc<Stripe>>,
 }
 
 /// A charge that went through, now or earlier.
@@ -22,9 +30,29 @@ pub struct Charged {
 #[derive(Debug, thiserror::Error)]
 pub enum ChargeError {
     #[error("order {} was already charged {}, not {asked}", .existing.order_id, .existing.amount)]
-    AmountConflict { existing: Receipt, asked: Money },
+    AmountConflict {
+        existing: Box<Receipt>,
+        asked: Money,
+    },
     #[error(transparent)]
     Store(#[from] StoreError),
+    /// The provider declined the attempt; it is over, recorded with its decline code.
+    #[error("the payment provider declined the payment ({decline_code}): {message}")]
+    Declined {
+        decline_code: String,
+        message: String,
+        payment_id: Option<String>,
+    },
+    /// The provider waits for the customer (3-D Secure), which this service does not
+    /// complete.
+    #[error(
+        "the payment needs the customer's action at the payment provider (3-D Secure), payment {payment_id}; completing it is out of scope"
+    )]
+    RequiresAction { payment_id: String },
+    #[error("a payment provider charge needs a paymentMethod; none was given")]
+    NoPaymentMethod,
+    #[error(transparent)]
+    Provider(#[from] ProviderError),
 }
 
 impl ChargeError {
@@ -32,15 +60,37 @@ impl ChargeError {
     /// statement never reached the database.
     pub fn charged_nothing(&self) -> bool {
         match self {
-            ChargeError::AmountConflict { .. } => true,
+            ChargeError::AmountConflict { .. }
+            | ChargeError::Declined { .. }
+            | ChargeError::RequiresAction { .. }
+            | ChargeError::NoPaymentMethod => true,
             ChargeError::Store(err) => err.never_sent(),
+            ChargeError::Provider(err) => err.charged_nothing(),
         }
     }
 }
 
 impl PaymentGateway {
+    /// The ledger: the receipts table is the record of charges, nothing else is asked.
     pub fn new(store: Receipts) -> Self {
-        PaymentGateway { store }
+        PaymentGateway {
+            store,
+            provider: None,
+        }
+    }
+
+    /// Charges through `provider`, each attempt an intent in `store` first.
+    pub fn with_provider(store: Receipts, provider: Stripe) -> Self {
+        PaymentGateway {
+            store,
+            provider: Some(Arc::new(provider)),
+        }
+    }
+
+    /// Whether a payment provider takes the payments: a checkout then names its payment
+    /// method.
+    pub fn needs_payment_method(&self) -> bool {
+        self.provider.is_some()
     }
 
     /// Charges the key's order `amount`, once. Calling it again for the same order and
@@ -49,9 +99,10 @@ impl PaymentGateway {
         &self,
         key: &ChargeKey,
         amount: Money,
+        method: Option<&PaymentMethod>,
         operation: &OperationKey,
     ) -> Result<Charged, ChargeError> {
-        self.charge_journaled(key, amount, operation, "", |_| Vec::new())
+        self.charge_journaled(key, amount, method, operation, "", |_| Vec::new())
             .await
     }
 
@@ -61,27 +112,216 @@ impl PaymentGateway {
         &self,
         key: &ChargeKey,
         amount: Money,
+        method: Option<&PaymentMethod>,
         operation: &OperationKey,
         caller: &str,
         journal: impl FnOnce(&Receipt) -> Vec<NewEntry>,
     ) -> Result<Charged, ChargeError> {
-        match self
+        if let Some(provider) = &self.provider {
+            let method = method.ok_or(ChargeError::NoPaymentMethod)?;
+            return self
+                .charge_provider(provider, key, amount, method, operation, caller, journal)
+                .await;
+        }
+        let outcome = self
             .store
             .charge_journaled(key, amount, operation, caller, journal)
-            .await?
-        {
+            .await?;
+        Self::charged(outcome, amount)
+    }
+
+    fn charged(outcome: ChargeOutcome, amount: Money) -> Result<Charged, ChargeError> {
+        match outcome {
             ChargeOutcome::Created(receipt) => Ok(Charged {
                 receipt,
                 created: true,
             }),
-            ChargeOutcome::Existing(receipt) => Ok(Charged {
+            ChargeOutcome::Existing(receipt) if receipt.amount == amount => Ok(Charged {
                 receipt,
                 created: false,
             }),
-            ChargeOutcome::AmountConflict(existing) => Err(ChargeError::AmountConflict {
-                existing,
-                asked: amount,
-            }),
+            ChargeOutcome::Existing(existing) | ChargeOutcome::AmountConflict(existing) => {
+                Err(ChargeError::AmountConflict {
+                    existing: Box::new(existing),
+                    asked: amount,
+                })
+            }
+        }
+    }
+
+    /// The provider's path: the order's receipt if it has one; else its open attempt,
+    /// settled (re-sent with its own key and parameters within the key retention, looked
+    /// up after); else a new attempt, committed before the provider is called.
+    #[allow(clippy::too_many_arguments)]
+    async fn charge_provider(
+        &self,
+        provider: &Stripe,
+        key: &ChargeKey,
+        amount: Money,
+        method: &PaymentMethod,
+        operation: &OperationKey,
+        caller: &str,
+        journal: impl FnOnce(&Receipt) -> Vec<NewEntry>,
+    ) -> Result<Charged, ChargeError> {
+        let order = key.order_id();
+        if let Some(existing) = self.store.receipt(order).await? {
+            return Self::charged(ChargeOutcome::Existing(existing), amount);
+        }
+        // A new attempt is sent whatever its age; an open one found is re-sent within the
+        // key retention and looked up after it.
+        let (intent, fresh) = loop {
+            let latest = self.store.latest_intent(order).await?;
+            match latest {
+                Some(open) if open.status.is_open() => break (open, false),
+                // This operation's own attempt was declined: the same answer, not a
+                // new charge of the card that was just refused.
+                Some(ended)
+                    if ended.status == IntentStatus::Declined
+                        && ended.operation_key == operation.as_str()
+                        && ended.caller == caller =>
+                {
+                    return Err(ChargeError::Declined {
+                        decline_code: ended.decline_code.unwrap_or_default(),
+                        message: "this checkout's payment was declined".into(),
+                        payment_id: ended.provider_payment_id,
+                    });
+                }
+                Some(succeeded) if succeeded.status == IntentStatus::Succeeded => {
+                    // Settled by a concurrent run since the receipt was looked for.
+                    if let Some(existing) = self.store.receipt(order).await? {
+                        return Self::charged(ChargeOutcome::Existing(existing), amount);
+                    }
+                    return Err(StoreError::Corrupt(format!(
+                        "attempt {} of order {order} succeeded, and the order has no receipt",
+                        succeeded.attempt
+                    ))
+                    .into());
+                }
+                ended => {
+                    let attempt = ended.map_or(1, |i| i.attempt + 1);
+                    let intent = Intent {
+                        order_id: order.as_str().to_owned(),
+                        attempt,
+                        amount_minor: amount.minor(),
+                        currency: amount.currency().code().to_owned(),
+                        payment_method: method.as_str().to_owned(),
+                        provider_key: Intent::provider_key(order.as_str(), attempt),
+                        operation_key: operation.as_str().to_owned(),
+                        caller: caller.to_owned(),
+                        status: IntentStatus::Pending,
+                        provider_payment_id: None,
+                        decline_code: None,
+                        age_ms: 0,
+                    };
+                    if self.store.create_intent(&intent).await? {
+                        tracing::info!(order = %order, attempt, provider_key = %intent.provider_key, "payment intent committed; calling the payment provider");
+                        break (intent, true);
+                    }
+                    // Another run committed this attempt first: settle theirs.
+                }
+            }
+        };
+        let answer = if fresh
+            || u128::try_from(intent.age_ms).unwrap_or(0) < provider.key_retention().as_millis()
+        {
+            provider.create(&intent).await?
+        } else {
+            tracing::info!(order = %order, attempt = intent.attempt, age_ms = intent.age_ms, "payment intent older than the provider's key retention: looking the payment up, never sending it again");
+            match provider.find(&intent).await? {
+                Some(answer) => answer,
+                None => {
+                    self.store
+                        .settle_intent(&intent, IntentStatus::Absent, None, None)
+                        .await?;
+                    return Err(ProviderError::Absent {
+                        attempt: intent.attempt,
+                    }
+                    .into());
+                }
+            }
+        };
+        self.settle(key, amount, operation, caller, &intent, answer, journal)
+            .await
+    }
+
+    /// Records what the provider did with `intent`: the receipt (with the provider's
+    /// payment id, and `journal`'s entries when the intent is this operation's and for
+    /// this amount), or the ended attempt.
+    #[allow(clippy::too_many_arguments)]
+    async fn settle(
+        &self,
+        key: &ChargeKey,
+        amount: Money,
+        operation: &OperationKey,
+        caller: &str,
+        intent: &Intent,
+        answer: Answer,
+        journal: impl FnOnce(&Receipt) -> Vec<NewEntry>,
+    ) -> Result<Charged, ChargeError> {
+        let order = key.order_id();
+        match answer {
+            Answer::Succeeded { payment_id } => {
+                let corrupt = |what: String| {
+                    StoreError::Corrupt(format!("intent {}: {what}", intent.provider_key))
+                };
+                let currency =
+                    Currency::parse(&intent.currency).map_err(|e| corrupt(e.to_string()))?;
+                let charged = Money::from_minor(intent.amount_minor, currency)
+                    .map_err(|e| corrupt(e.to_string()))?;
+                let by = OperationKey::from_client(&intent.operation_key)
+                    .map_err(|e| corrupt(e.to_string()))?;
+                let ours = charged == amount && by == *operation && intent.caller == caller;
+                let outcome = self
+                    .store
+                    .record(key, charged, &by, &intent.caller, Some(&payment_id), |r| {
+                        if ours { journal(r) } else { Vec::new() }
+                    })
+                    .await?;
+                self.store
+                    .settle_intent(intent, IntentStatus::Succeeded, Some(&payment_id), None)
+                    .await?;
+                tracing::info!(order = %order, attempt = intent.attempt, payment = %payment_id, "payment provider: succeeded");
+                let charged = Self::charged(outcome, charged)?;
+                if charged.receipt.amount != amount {
+                    return Err(ChargeError::AmountConflict {
+                        existing: Box::new(charged.receipt),
+                        asked: amount,
+                    });
+                }
+                Ok(charged)
+            }
+            Answer::Declined {
+                payment_id,
+                decline_code,
+                message,
+            } => {
+                self.store
+                    .settle_intent(
+                        intent,
+                        IntentStatus::Declined,
+                        payment_id.as_deref(),
+                        Some(&decline_code),
+                    )
+                    .await?;
+                tracing::info!(order = %order, attempt = intent.attempt, %decline_code, "payment provider: declined; the attempt is over");
+                Err(ChargeError::Declined {
+                    decline_code,
+                    message,
+                    payment_id,
+                })
+            }
+            Answer::RequiresAction { payment_id } => {
+                self.store
+                    .settle_intent(
+                        intent,
+                        IntentStatus::RequiresAction,
+                        Some(&payment_id),
+                        None,
+                    )
+                    .await?;
+                tracing::info!(order = %order, attempt = intent.attempt, payment = %payment_id, "payment provider: requires the customer's action (3-D Secure)");
+                Err(ChargeError::RequiresAction { payment_id })
+            }
         }
     }
 

@@ -71,16 +71,33 @@ impl fmt::Display for OrderId {
     }
 }
 
-/// What the client authorized: this order, for exactly this amount.
+/// What the client authorized: this order, for exactly this amount (paid with this
+/// payment method, when a payment provider takes it).
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Order {
     id: OrderId,
     amount: Money,
+    payment_method: Option<PaymentMethod>,
 }
 
 impl Order {
     pub fn new(id: OrderId, amount: Money) -> Self {
-        Order { id, amount }
+        Order {
+            id,
+            amount,
+            payment_method: None,
+        }
+    }
+
+    pub fn with_payment_method(self, payment_method: Option<PaymentMethod>) -> Self {
+        Order {
+            payment_method,
+            ..self
+        }
+    }
+
+    pub fn payment_method(&self) -> Option<&PaymentMethod> {
+        self.payment_method.as_ref()
     }
 
     pub fn id(&self) -> &OrderId {
@@ -94,6 +111,52 @@ impl Order {
     /// The key that makes this order's charge happen once: one order, one charge.
     pub fn charge_key(&self) -> ChargeKey {
         ChargeKey(self.id.clone())
+    }
+}
+
+/// A payment provider's payment method id, as the client sent it: `pm_` and 1–252 of
+/// `A-Z a-z 0-9 _` (Stripe's form, e.g. `pm_card_visa`).
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+pub struct PaymentMethod(String);
+
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum PaymentMethodError {
+    #[error("must start with pm_ (a payment method id such as pm_card_visa)")]
+    Prefix,
+    #[error("is {0} characters long; the most is 255")]
+    TooLong(usize),
+    #[error("may hold only letters, digits and _ after pm_ (found {0:?})")]
+    BadCharacter(char),
+}
+
+impl PaymentMethod {
+    pub const MAX_LEN: usize = 255;
+
+    pub fn parse(text: &str) -> Result<PaymentMethod, PaymentMethodError> {
+        let len = text.chars().count();
+        if len > Self::MAX_LEN {
+            return Err(PaymentMethodError::TooLong(len));
+        }
+        let Some(rest) = text.strip_prefix("pm_").filter(|r| !r.is_empty()) else {
+            return Err(PaymentMethodError::Prefix);
+        };
+        if let Some(bad) = rest
+            .chars()
+            .find(|c| !(c.is_ascii_alphanumeric() || *c == '_'))
+        {
+            return Err(PaymentMethodError::BadCharacter(bad));
+        }
+        Ok(PaymentMethod(text.to_owned()))
+    }
+
+    pub fn as_str(&self) -> &str {
+        &self.0
+    }
+}
+
+impl fmt::Display for PaymentMethod {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(&self.0)
     }
 }
 
@@ -170,6 +233,24 @@ mod tests {
         assert_eq!(OrderId::parse("A 1"), Err(OrderIdError::BadCharacter(' ')));
         assert_eq!(OrderId::parse("A/1"), Err(OrderIdError::BadCharacter('/')));
         assert_eq!(OrderId::parse("Aé"), Err(OrderIdError::BadCharacter('é')));
+    }
+
+    #[test]
+    fn payment_methods_are_pm_ids() {
+        assert!(PaymentMethod::parse("pm_card_visa").is_ok());
+        assert_eq!(PaymentMethod::parse("pm_"), Err(PaymentMethodError::Prefix));
+        assert_eq!(
+            PaymentMethod::parse("card"),
+            Err(PaymentMethodError::Prefix)
+        );
+        assert_eq!(
+            PaymentMethod::parse("pm_a-b"),
+            Err(PaymentMethodError::BadCharacter('-'))
+        );
+        assert_eq!(
+            PaymentMethod::parse(&format!("pm_{}", "x".repeat(253))),
+            Err(PaymentMethodError::TooLong(256))
+        );
     }
 
     #[test]

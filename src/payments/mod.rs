@@ -4,8 +4,9 @@ pub mod gateway;
 pub mod keys;
 pub mod money;
 pub mod store;
+pub mod stripe;
 
 pub use gateway::{ChargeError, Charged, PaymentGateway};
-pub use keys::{ChargeKey, OperationKey, Order, OrderId};
+pub use keys::{ChargeKey, OperationKey, Order, OrderId, PaymentMethod};
 pub use money::{Currency, Money};
 pub use store::{ChargeOutcome, Receipt, Receipts};

@@ -374,7 +374,14 @@ async fn the_openapi_document_describes_every_field_and_error() {
         .collect();
     assert_eq!(
         params,
-        ["orderId", "amount", "currency", "email", "Idempotency-Key"]
+        [
+            "orderId",
+            "amount",
+            "currency",
+            "email",
+            "paymentMethod",
+            "Idempotency-Key"
+        ]
     );
     let statuses: Vec<&str> = post["responses"]
         .as_object()
@@ -385,7 +392,7 @@ async fn the_openapi_document_describes_every_field_and_error() {
     assert_eq!(
         statuses,
         [
-            "200", "400", "401", "409", "422", "500", "502", "503", "504"
+            "200", "400", "401", "402", "409", "422", "500", "502", "503", "504"
         ]
     );
     // The callers' endpoints name the API key scheme (Swagger UI's Authorize button);
@@ -433,9 +440,13 @@ fn each_error_status_documents_an_example_of_each_of_its_codes() {
     for (status, codes) in [
         ("400", &["invalid_request"][..]),
         ("401", &["unauthorized"]),
+        ("402", &["payment_declined", "payment_requires_action"]),
         ("409", &["amount_conflict", "in_flight"]),
         ("422", &["key_reuse"]),
-        ("502", &["model_did_not_charge", "model_error"]),
+        (
+            "502",
+            &["model_did_not_charge", "model_error", "provider_error"],
+        ),
         ("503", &["unavailable"]),
         ("504", &["deadline_exceeded"]),
     ] {

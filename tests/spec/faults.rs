@@ -12,7 +12,8 @@
 
 use std::time::Duration;
 
-use crate::common::{Backend, Harness, TestDb};
+use crate::common::stripe::StripeFake;
+use crate::common::{Backend, Harness, TestDb, through_stripe};
 use checkout::config::Settings;
 
 /// What one cell must show, named: `Expect::ok().requests(6).attempts(2)`,
@@ -99,9 +100,16 @@ fn matrix_settings(s: &mut Settings, column: Column) {
     s.r#loop.journal = !matches!(column, Column::Restart);
 }
 
-/// Runs `fault` at rounds 1, 2, 3, in each column, on `backend`, all cells at once.
+/// Runs `fault` at rounds 1, 2, 3, in each column, on `backend`, all cells at once: with
+/// the ledger, then through the payment provider (the Stripe-compatible fake), where each
+/// cell also counts one provider execution and one provider key per receipt.
 /// `cells[round - 1] = [resume, restart, no retry]`.
 async fn row(backend: Backend, fault: &str, cells: [[Expect; 3]; 3]) {
+    row_with(backend, fault, cells, false).await;
+    row_with(backend, fault, cells, true).await;
+}
+
+async fn row_with(backend: Backend, fault: &str, cells: [[Expect; 3]; 3], provider: bool) {
     let mut runs = tokio::task::JoinSet::new();
     for (round, columns) in (1..=3).zip(cells) {
         for (column, expect) in COLUMNS.into_iter().zip(columns) {
@@ -117,19 +125,32 @@ async fn row(backend: Backend, fault: &str, cells: [[Expect; 3]; 3]) {
                 format!("{fault}@{round}{times},recharge@2")
             };
             runs.spawn(async move {
-                let h = Harness::with(backend, &plan, |s| matrix_settings(s, column)).await;
+                let fake = match provider {
+                    true => Some(StripeFake::start().await),
+                    false => None,
+                };
+                let h = Harness::with(backend, &plan, |s| {
+                    matrix_settings(s, column);
+                    if let Some(fake) = &fake {
+                        through_stripe(s, &fake.base_url());
+                    }
+                })
+                .await;
+                let path = match provider {
+                    true => "/checkout?orderId=X-1&amount=42.50&paymentMethod=pm_card_visa",
+                    false => "/checkout?orderId=X-1&amount=42.50",
+                };
                 let reply = match column {
                     // With an Idempotency-Key, so that its steps are journaled in the
                     // database (without one they are kept in process, for the loop retry:
                     // the article's incident below).
                     Column::Resume => {
                         let key = [("idempotency-key", "matrix")];
-                        h.post("/checkout?orderId=X-1&amount=42.50", &key, None)
-                            .await
+                        h.post(path, &key, None).await
                     }
-                    Column::Restart | Column::NoRetry => h.checkout("X-1", "42.50").await,
+                    Column::Restart | Column::NoRetry => h.post(path, &[], None).await,
                 };
-                let cell = format!("{plan} {column:?}");
+                let cell = format!("{plan} {column:?}{}", if provider { " stripe" } else { "" });
                 assert_eq!(reply.status, expect.status, "{cell}: {}", reply.text());
                 let body = reply.json();
                 if expect.status == 200 {
@@ -149,6 +170,11 @@ async fn row(backend: Backend, fault: &str, cells: [[Expect; 3]; 3]) {
                 assert_eq!(h.db.receipts("X-1").await, expect.receipts, "{cell}");
                 assert_eq!(h.db.all_receipts().await, expect.receipts, "{cell}");
                 assert_eq!(h.model.requests(), expect.requests, "{cell}: {body}");
+                if let Some(fake) = &fake {
+                    let executed = i64::try_from(fake.executions()).unwrap();
+                    assert_eq!(executed, expect.receipts, "{cell}: provider executions");
+                    assert_eq!(fake.keys().len() as i64, expect.receipts, "{cell}: keys");
+                }
             });
         }
     }

@@ -16,6 +16,7 @@ mod journal;
 mod metrics;
 mod model_behaviour;
 mod process;
+mod provider;
 mod real_server_answers;
 mod store_contract;
 mod traces;

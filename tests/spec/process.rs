@@ -70,6 +70,52 @@ async fn the_start_up_log_names_every_layer_outermost_first() {
     );
 }
 
+/// With a payment provider, the chain goes on with the provider's retry and timeout; its
+/// API key is never printed. Without the key the service does not start (exit 2).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn with_stripe_the_start_up_log_names_the_provider_layers_and_never_the_key() {
+    let dir = tempfile::tempdir().unwrap();
+    let url = format!("sqlite://{}", dir.path().join("checkout.db").display());
+    let stripe = [
+        ("DATABASE_URL", url.as_str()),
+        ("CHECKOUT_PAYMENT_PROVIDER", "stripe"),
+        ("STRIPE_BASE_URL", "http://127.0.0.1:9"),
+    ];
+    let mut missing = Process::spawn(&stripe);
+    assert_eq!(missing.wait(Duration::from_secs(10)).code(), Some(2));
+    assert!(
+        missing
+            .logs()
+            .iter()
+            .any(|l| l.contains("invalid setting STRIPE_API_KEY")),
+        "{:#?}",
+        missing.logs()
+    );
+
+    let mut with_key = stripe.to_vec();
+    with_key.push(("STRIPE_API_KEY", "sk_test_secret_123"));
+    let process = Process::start(&with_key);
+    let logs = process.logs();
+    let position = |needle: &str| {
+        logs.iter()
+            .position(|l| l.contains(needle))
+            .unwrap_or_else(|| panic!("no {needle:?} in {logs:#?}"))
+    };
+    let order = [
+        position("[6] request timeout"),
+        position("payment provider: stripe at http://127.0.0.1:9"),
+        position(
+            "[7] provider retry: re-sends one payment-provider request with the same Idempotency-Key and parameters up to 2 more time(s)",
+        ),
+        position("[8] provider timeout: 10000 ms"),
+    ];
+    assert!(order.windows(2).all(|w| w[0] < w[1]), "{logs:#?}");
+    assert!(
+        !logs.iter().any(|l| l.contains("sk_test_secret_123")),
+        "{logs:#?}"
+    );
+}
+
 /// With the journal off the loop retry re-runs the tools, and the log says why that is
 /// safe here (the warning the article wished its framework gave).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

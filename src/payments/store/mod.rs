@@ -4,8 +4,10 @@
 //! charges that arrive with it, by a group writer), then a read of the winner when the
 //! insert lost: the database, not Rust code, decides which of two racing charges counts.
 
+pub mod intents;
 pub mod receipts;
 
+pub use intents::{Intent, IntentStatus};
 pub use receipts::Receipt;
 
 use chrono::{SubsecRound, Utc};
@@ -68,6 +70,21 @@ impl Receipts {
         caller: &str,
         journal: impl FnOnce(&Receipt) -> Vec<NewEntry>,
     ) -> Result<ChargeOutcome, StoreError> {
+        self.record(key, amount, operation, caller, None, journal)
+            .await
+    }
+
+    /// [`Self::charge_journaled`], recording the payment provider's id of the charge:
+    /// the receipt of a charge the provider made.
+    pub async fn record(
+        &self,
+        key: &ChargeKey,
+        amount: Money,
+        operation: &OperationKey,
+        caller: &str,
+        provider_payment_id: Option<&str>,
+        journal: impl FnOnce(&Receipt) -> Vec<NewEntry>,
+    ) -> Result<ChargeOutcome, StoreError> {
         let receipt = NewReceipt {
             id: Uuid::now_v7(),
             order_id: key.order_id().as_str().to_owned(),
@@ -75,6 +92,7 @@ impl Receipts {
             operation_key: operation.as_str().to_owned(),
             caller: caller.to_owned(),
             created_at: Utc::now().trunc_subsecs(6),
+            provider_payment_id: provider_payment_id.map(str::to_owned),
         };
         let entries = journal(&Receipt {
             id: receipt.id,
@@ -83,6 +101,7 @@ impl Receipts {
             operation_key: receipt.operation_key.clone(),
             caller: receipt.caller.clone(),
             created_at: receipt.created_at,
+            provider_payment_id: receipt.provider_payment_id.clone(),
         });
         if let Some(receipt) = self.writer.write(ChargeRow { receipt, entries }).await? {
             return Ok(ChargeOutcome::Created(receipt));
@@ -103,5 +122,30 @@ impl Receipts {
     pub async fn receipt(&self, order: &OrderId) -> Result<Option<Receipt>, StoreError> {
         let mut conn = self.db.acquire().await?;
         receipts::find(conn.conn(), order).await
+    }
+
+    /// The order's latest payment-provider attempt.
+    pub async fn latest_intent(&self, order: &OrderId) -> Result<Option<Intent>, StoreError> {
+        let mut conn = self.db.acquire().await?;
+        intents::latest(conn.conn(), order.as_str()).await
+    }
+
+    /// Commits a new attempt, before the provider is called; false when another run
+    /// committed this attempt first.
+    pub async fn create_intent(&self, intent: &Intent) -> Result<bool, StoreError> {
+        let mut conn = self.db.acquire().await?;
+        intents::create(conn.conn(), intent).await
+    }
+
+    /// Records what the provider answered for an open attempt.
+    pub async fn settle_intent(
+        &self,
+        intent: &Intent,
+        status: IntentStatus,
+        payment_id: Option<&str>,
+        decline_code: Option<&str>,
+    ) -> Result<(), StoreError> {
+        let mut conn = self.db.acquire().await?;
+        intents::settle(conn.conn(), intent, status, payment_id, decline_code).await
     }
 }

@@ -28,6 +28,8 @@ pub struct Receipt {
     /// Whose operation it was ('' for an anonymous caller).
     pub caller: String,
     pub created_at: DateTime<Utc>,
+    /// The payment provider's id of the charge; `None` for the ledger's own.
+    pub provider_payment_id: Option<String>,
 }
 
 /// A receipt row about to be inserted: its id and time are chosen once, in Rust, so that
@@ -40,6 +42,7 @@ pub struct NewReceipt {
     pub operation_key: String,
     pub caller: String,
     pub created_at: DateTime<Utc>,
+    pub provider_payment_id: Option<String>,
 }
 
 /// A charge for the group writer: its receipt row, and the journal entries that commit
@@ -55,21 +58,21 @@ pub struct ChargeRow {
 /// commit) the journal entries of those that went in.
 const INSERT_UNNEST: &str = concat!(
     "WITH charged AS (",
-    "INSERT INTO receipts (id, order_id, amount_minor, currency, operation_key, created_at, caller) ",
-    "SELECT * FROM UNNEST($1::uuid[], $2::text[], $3::int8[], $4::text[], $5::text[], $6::timestamptz[], $7::text[]) ",
+    "INSERT INTO receipts (id, order_id, amount_minor, currency, operation_key, created_at, caller, provider_payment_id) ",
+    "SELECT * FROM UNNEST($1::uuid[], $2::text[], $3::int8[], $4::text[], $5::text[], $6::timestamptz[], $7::text[], $21::text[]) ",
     "ON CONFLICT (order_id) DO NOTHING ",
-    "RETURNING CAST(id AS TEXT) AS id, order_id, amount_minor, currency, operation_key, caller, created_at), ",
+    "RETURNING CAST(id AS TEXT) AS id, order_id, amount_minor, currency, operation_key, caller, created_at, provider_payment_id), ",
     journal::pg_with_charged!(),
     " SELECT * FROM charged"
 );
 
 /// SQLite has no arrays: a multi-row `VALUES` between these two, prepared in microseconds.
-const INSERT_VALUES: &str = "INSERT INTO receipts (id, order_id, amount_minor, currency, operation_key, created_at, caller) ";
+const INSERT_VALUES: &str = "INSERT INTO receipts (id, order_id, amount_minor, currency, operation_key, created_at, caller, provider_payment_id) ";
 const ON_CONFLICT: &str = " ON CONFLICT (order_id) DO NOTHING \
-    RETURNING CAST(id AS TEXT) AS id, order_id, amount_minor, currency, operation_key, caller, created_at";
+    RETURNING CAST(id AS TEXT) AS id, order_id, amount_minor, currency, operation_key, caller, created_at, provider_payment_id";
 
 const FIND: &str = "\
-    SELECT CAST(id AS TEXT) AS id, order_id, amount_minor, currency, operation_key, caller, created_at \
+    SELECT CAST(id AS TEXT) AS id, order_id, amount_minor, currency, operation_key, caller, created_at, provider_payment_id \
     FROM receipts WHERE order_id = $1";
 
 /// The group writer's side of the table.
@@ -131,7 +134,11 @@ pub async fn insert(conn: Conn<'_>, rows: &[ChargeRow]) -> Result<Vec<Receipt>, 
                 )
                 .bind(rows.iter().map(|r| r.created_at).collect::<Vec<_>>())
                 .bind(rows.iter().map(|r| r.caller.as_str()).collect::<Vec<_>>());
-            entries.bind(query).fetch_all(c).await?
+            let payment_ids: Vec<Option<&str>> = rows
+                .iter()
+                .map(|r| r.provider_payment_id.as_deref())
+                .collect();
+            entries.bind(query).bind(payment_ids).fetch_all(c).await?
         }
         Conn::Sqlite(c) => {
             let mut tx = c.begin().await?;
@@ -144,7 +151,8 @@ pub async fn insert(conn: Conn<'_>, rows: &[ChargeRow]) -> Result<Vec<Receipt>, 
                     .push_bind(row.amount.currency().code())
                     .push_bind(row.operation_key.clone())
                     .push_bind(row.created_at.to_rfc3339_opts(SecondsFormat::Micros, true))
-                    .push_bind(row.caller.clone());
+                    .push_bind(row.caller.clone())
+                    .push_bind(row.provider_payment_id.clone());
             });
             statement.push(ON_CONFLICT);
             let stored: Vec<Stored> = statement.build_query_as().fetch_all(&mut *tx).await?;
@@ -185,6 +193,7 @@ struct Stored {
     operation_key: String,
     caller: String,
     created_at: DateTime<Utc>,
+    provider_payment_id: Option<String>,
 }
 
 impl Stored {
@@ -203,6 +212,7 @@ impl Stored {
             operation_key: self.operation_key,
             caller: self.caller,
             created_at: self.created_at,
+            provider_payment_id: self.provider_payment_id,
         })
     }
 }

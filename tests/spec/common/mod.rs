@@ -4,6 +4,7 @@
 
 pub mod proxy;
 pub mod smtp;
+pub mod stripe;
 
 use std::io::{BufRead, BufReader};
 use std::net::SocketAddr;
@@ -183,6 +184,14 @@ pub fn test_settings(db: &TestDb, model: &ScriptedModel) -> Settings {
     // tests counting connections and statements would meet (tests/auth.rs sets its own).
     s.server.auth = checkout::caller::AuthMode::Off;
     s
+}
+
+/// Settings that take payments through the Stripe-compatible fake at `base_url`.
+pub fn through_stripe(s: &mut Settings, base_url: &str) {
+    s.payments.provider = checkout::config::PaymentProvider::Stripe;
+    s.payments.stripe_base_url = base_url.to_owned();
+    s.payments.stripe_api_key = Some(checkout::secret::Secret::new("sk_test_fake"));
+    s.payments.timeout = Duration::from_millis(1_000);
 }
 
 /// The scripted model and the service, in this process, on port 0.
