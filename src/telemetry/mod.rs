@@ -11,8 +11,10 @@
 pub mod genai;
 mod otlp;
 
-use tracing_subscriber::filter::{EnvFilter, FilterExt, filter_fn};
-use tracing_subscriber::layer::SubscriberExt;
+use tracing::subscriber::Interest;
+use tracing::{Event, Metadata, span};
+use tracing_subscriber::filter::{EnvFilter, FilterExt, LevelFilter, filter_fn};
+use tracing_subscriber::layer::{Context, Filter, SubscriberExt};
 use tracing_subscriber::util::SubscriberInitExt;
 use tracing_subscriber::{Layer, Registry};
 
@@ -38,11 +40,11 @@ fn install(format: LogFormat, export: Option<&TraceExport>) {
     let not_genai = filter_fn(|meta| meta.target() != genai::TARGET);
     let logs = tracing_subscriber::fmt::layer().with_target(false);
     let logs: Box<dyn Layer<Registry> + Send + Sync> = match format {
-        LogFormat::Text => logs.with_filter(filter.and(not_genai)).boxed(),
+        LogFormat::Text => logs.with_filter(Asked(filter.and(not_genai))).boxed(),
         LogFormat::Json => logs
             .json()
             .flatten_event(true)
-            .with_filter(filter.and(not_genai))
+            .with_filter(Asked(filter.and(not_genai)))
             .boxed(),
     };
     let layers: Vec<_> = std::iter::once(logs)
@@ -50,4 +52,58 @@ fn install(format: LogFormat, export: Option<&TraceExport>) {
         .collect();
     // A second init (tests building several apps in one process) keeps the first.
     let _ = tracing_subscriber::registry().with(layers).try_init();
+}
+
+/// A per-layer filter that is asked about every span and event, never cached as
+/// `Interest::always`.
+///
+/// tracing-subscriber hands a per-layer filter's verdict to its layer through a
+/// thread-local set by `enabled`. A callsite cached as "always" skips `enabled`, so the
+/// layer reads whatever the last `enabled` call on that thread left there; sqlx's
+/// `log_enabled!` check after every Postgres query (through tracing-log) leaves a "no", and
+/// most of a checkout's log lines were silently dropped (tokio-rs/tracing#2519; the
+/// upstream fix, #3572, caps the interest the same way and is not released).
+pub(crate) struct Asked<F>(pub(crate) F);
+
+impl<S, F: Filter<S>> Filter<S> for Asked<F> {
+    fn enabled(&self, meta: &Metadata<'_>, cx: &Context<'_, S>) -> bool {
+        self.0.enabled(meta, cx)
+    }
+
+    fn callsite_enabled(&self, meta: &'static Metadata<'static>) -> Interest {
+        let interest = self.0.callsite_enabled(meta);
+        if interest.is_never() {
+            interest
+        } else {
+            Interest::sometimes()
+        }
+    }
+
+    fn event_enabled(&self, event: &Event<'_>, cx: &Context<'_, S>) -> bool {
+        self.0.event_enabled(event, cx)
+    }
+
+    fn max_level_hint(&self) -> Option<LevelFilter> {
+        self.0.max_level_hint()
+    }
+
+    fn on_new_span(&self, attrs: &span::Attributes<'_>, id: &span::Id, cx: Context<'_, S>) {
+        self.0.on_new_span(attrs, id, cx)
+    }
+
+    fn on_record(&self, id: &span::Id, values: &span::Record<'_>, cx: Context<'_, S>) {
+        self.0.on_record(id, values, cx)
+    }
+
+    fn on_enter(&self, id: &span::Id, cx: Context<'_, S>) {
+        self.0.on_enter(id, cx)
+    }
+
+    fn on_exit(&self, id: &span::Id, cx: Context<'_, S>) {
+        self.0.on_exit(id, cx)
+    }
+
+    fn on_close(&self, id: span::Id, cx: Context<'_, S>) {
+        self.0.on_close(id, cx)
+    }
 }

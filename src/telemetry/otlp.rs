@@ -9,7 +9,7 @@ use tracing::Level;
 use tracing_subscriber::filter::filter_fn;
 use tracing_subscriber::{Layer, Registry};
 
-use super::genai;
+use super::{Asked, genai};
 
 /// Why traces cannot be exported as the environment asks.
 #[derive(Debug, thiserror::Error)]
@@ -60,12 +60,12 @@ impl TraceExport {
     pub(super) fn layer(&self) -> Box<dyn Layer<Registry> + Send + Sync> {
         tracing_opentelemetry::layer()
             .with_tracer(self.provider.tracer("checkout"))
-            .with_filter(filter_fn(|meta| {
+            .with_filter(Asked(filter_fn(|meta| {
                 meta.target() == genai::TARGET
                     || (meta.is_event()
                         && *meta.level() <= Level::INFO
                         && meta.target().starts_with("checkout::"))
-            }))
+            })))
             .boxed()
     }
 

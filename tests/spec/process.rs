@@ -376,3 +376,34 @@ async fn the_start_up_log_says_where_confirmation_emails_go_and_that_the_sweep_r
         "{logs:#?}"
     );
 }
+
+// Every line a checkout logs is written, on either store. On Postgres most were lost: sqlx
+// asks `log_enabled!` after each query, which left tracing-subscriber's per-layer filter
+// state stale for the next event on that thread (tokio-rs/tracing#2519).
+both_backends!(
+    every_checkout_logs_its_charge_and_its_confirmation,
+    |backend| async move {
+        let db = TestDb::new(backend).await;
+        let model = scripted("").await;
+        let process = Process::start(&[
+            ("DATABASE_URL", db.url.as_str()),
+            ("OPENAI_BASE_URL", &*model.base_url()),
+        ]);
+        let http = client();
+        for order in ["G-1", "G-2", "G-3"] {
+            let reply = checkout(&http, &process, order, "4.00").await;
+            assert_eq!(reply.status, 200, "{}", reply.text());
+        }
+        let count = |what: &str| process.logs().iter().filter(|l| l.contains(what)).count();
+        until("three checkouts are logged as confirmed", async || {
+            count("checkout confirmed") == 3
+        })
+        .await;
+        assert_eq!(
+            count("charge tool: charged the order"),
+            3,
+            "{:#?}",
+            process.logs()
+        );
+    }
+);
