@@ -508,3 +508,60 @@ both_backends!(
         assert_eq!(db.all_receipts().await, 1);
     }
 );
+
+// The same crash with no client to retry: the recovery sweep of a live instance takes the
+// lapsed operation over, resumes it from its journal, and its charge tool finds the intent
+// open and re-sends its key: one execution, one receipt, and the answer saved for the
+// client's retry, which gets it replayed.
+both_backends!(
+    killed_after_the_provider_executed_the_recovery_sweep_settles_it,
+    |backend| async move {
+        let fake = StripeFake::start().await;
+        let model = scripted("").await;
+        let db = TestDb::new(backend).await;
+        let (fake_url, model_url) = (fake.base_url(), model.base_url());
+        let env = [
+            ("DATABASE_URL", db.url.as_str()),
+            ("OPENAI_BASE_URL", model_url.as_str()),
+            ("CHECKOUT_PAYMENT_PROVIDER", "stripe"),
+            ("STRIPE_BASE_URL", fake_url.as_str()),
+            ("STRIPE_API_KEY", "sk_test_fake"),
+            ("CHECKOUT_PROVIDER_TIMEOUT_MS", "20000"),
+            ("CHECKOUT_IDEMPOTENCY_LEASE_MS", "1000"),
+            ("CHECKOUT_LOOP_TIMEOUT_MS", "30000"),
+        ];
+        let victim = Process::start(&env);
+        fake.fail_next(Fault::DelayAnswer(Duration::from_secs(60)));
+        let http = client();
+        let url = "/checkout?orderId=P-1&amount=42.50&paymentMethod=pm_card_visa";
+        let key = [("idempotency-key", "swept-key")];
+        let lost = {
+            let (http, url) = (http.clone(), victim.url(url));
+            tokio::spawn(async move { post(&http, &url, &key, None).await })
+        };
+        crate::common::until("the provider executed the charge", async || {
+            fake.executions() == 1
+        })
+        .await;
+        let mut victim = victim;
+        victim.signal("KILL");
+        victim.wait(Duration::from_secs(5));
+        drop(victim);
+        let _ = lost.await;
+        assert_eq!(db.receipts("P-1").await, 0, "killed before the receipt");
+
+        let survivor = Process::start(&env);
+        crate::common::until("the sweep settled the charge", async || {
+            db.receipts("P-1").await == 1
+        })
+        .await;
+        assert_eq!(fake.executions(), 1);
+        assert_eq!(fake.requests_of(KEY_1), 2);
+        let reply = post(&http, &survivor.url(url), &key, None).await;
+        assert_eq!(reply.status, 200, "{}", reply.text());
+        assert_eq!(reply.header("idempotent-replayed"), Some("true"));
+        assert_eq!(reply.json()["charged"], true, "{}", reply.text());
+        assert_eq!(fake.executions(), 1);
+        assert_eq!(db.all_receipts().await, 1);
+    }
+);
