@@ -12,7 +12,9 @@ use checkout::secret::Secret;
 use serde_json::Value;
 
 use crate::common::smtp::{FaultySmtp, Maildev};
-use crate::common::{Backend, Harness, Process, Reply, TestDb, client, post, scripted, until};
+use crate::common::{
+    Backend, Harness, Process, Reply, TestDb, client, post, scripted, settled, until,
+};
 use checkout::model::scripted::FaultRule;
 
 const EMAIL: &str = "ann@example.com";
@@ -404,8 +406,9 @@ both_backends!(
         assert_eq!(rows(&db, "k-1").await, 1);
         let files: Vec<_> = std::fs::read_dir(mail.path()).unwrap().collect();
         assert_eq!(files.len(), 1, "one .eml file");
-        // The client's retry finds the answer the sweep saved.
-        let retry = checkout_at(&survivor, "K-1", "k-1").await;
+        // The client's retry finds the answer the sweep saved (once the sweep, which
+        // sent the message before its model's last answer, has saved it).
+        let retry = settled(async || checkout_at(&survivor, "K-1", "k-1").await).await;
         assert_eq!(retry.status, 200, "{}", retry.text());
         assert_eq!(retry.header("idempotent-replayed"), Some("true"));
         assert_eq!(retry.json()["charged"], true);

@@ -3,11 +3,11 @@
 //! as the provider's Idempotency-Key, re-sent with the same parameters by every retry, and
 //! one provider execution and one receipt per order, whatever fails where.
 
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use crate::common::stripe::{Fault, StripeFake};
 use crate::common::{
-    Backend, Harness, Process, Reply, TestDb, client, post, scripted, through_stripe,
+    Backend, Harness, Process, Reply, TestDb, client, post, scripted, settled, through_stripe,
 };
 use checkout::config::Settings;
 
@@ -491,15 +491,7 @@ both_backends!(
         assert_eq!(db.receipts("P-1").await, 0, "killed before the receipt");
 
         let survivor = survivor.unwrap_or_else(|| Process::start(&env));
-        let deadline = Instant::now() + Duration::from_secs(15);
-        let reply = loop {
-            let reply = post(&http, &survivor.url(url), &key, None).await;
-            if reply.status != 409 {
-                break reply;
-            }
-            assert!(Instant::now() < deadline, "still in flight");
-            tokio::time::sleep(Duration::from_millis(200)).await;
-        };
+        let reply = settled(async || post(&http, &survivor.url(url), &key, None).await).await;
         assert_eq!(reply.status, 200, "{}", reply.text());
         assert_eq!(reply.json()["charged"], true, "{}", reply.text());
         assert_eq!(fake.executions(), 1);
@@ -557,7 +549,9 @@ both_backends!(
         .await;
         assert_eq!(fake.executions(), 1);
         assert_eq!(fake.requests_of(KEY_1), 2);
-        let reply = post(&http, &survivor.url(url), &key, None).await;
+        // The sweep holds the key (409 in_flight) until the model has confirmed and the
+        // answer is saved.
+        let reply = settled(async || post(&http, &survivor.url(url), &key, None).await).await;
         assert_eq!(reply.status, 200, "{}", reply.text());
         assert_eq!(reply.header("idempotent-replayed"), Some("true"));
         assert_eq!(reply.json()["charged"], true, "{}", reply.text());

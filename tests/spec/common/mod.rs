@@ -475,6 +475,24 @@ pub async fn until(what: &str, mut done: impl AsyncFnMut() -> bool) {
     }
 }
 
+/// Sends until the answer is not 409 `in_flight`: another holder of the Idempotency-Key
+/// (the instance that took it over, the recovery sweep) is still finishing. Within 15 s.
+pub async fn settled(mut send: impl AsyncFnMut() -> Reply) -> Reply {
+    let deadline = Instant::now() + Duration::from_secs(15);
+    loop {
+        let reply = send().await;
+        if reply.status != 409 {
+            return reply;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "still in flight: {}",
+            reply.text()
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
 /// Runs a test body once against SQLite and once against Postgres.
 macro_rules! both_backends {
     ($name:ident, $body:expr) => {
