@@ -10,6 +10,7 @@ use crate::common::{
     Backend, Harness, Process, Reply, TestDb, client, post, scripted, settled, through_stripe,
 };
 use checkout::config::Settings;
+use checkout::model::scripted::ScriptedModel;
 
 const KEY_1: &str = "checkout:P-1:attempt:1";
 
@@ -448,56 +449,98 @@ both_backends!(
     }
 );
 
-// Real processes: the instance that sent the charge is killed (SIGKILL) after the
-// provider executed it and before the receipt was committed. The client's retry goes to
-// another instance (on SQLite, a new process on the same file), which finds the intent
-// open and re-sends its key: one execution, one receipt.
-both_backends!(
-    killed_after_the_provider_executed_the_retry_to_another_instance_settles_it,
-    |backend| async move {
+/// A checkout with an Idempotency-Key whose instance is killed (SIGKILL) after the
+/// provider executed its charge and before the receipt was committed: where the two
+/// tests below start. On Postgres, `with_peer` starts the other instance first, so it is
+/// running while the first dies.
+struct Killed {
+    fake: StripeFake,
+    db: TestDb,
+    env: Vec<(&'static str, String)>,
+    peer: Option<Process>,
+    _model: ScriptedModel,
+}
+
+const KILLED_URL: &str = "/checkout?orderId=P-1&amount=42.50&paymentMethod=pm_card_visa";
+
+impl Killed {
+    async fn start(backend: Backend, key: &'static str, with_peer: bool) -> Killed {
         let fake = StripeFake::start().await;
         let model = scripted("").await;
         let db = TestDb::new(backend).await;
-        let (fake_url, model_url) = (fake.base_url(), model.base_url());
-        let env = [
-            ("DATABASE_URL", db.url.as_str()),
-            ("OPENAI_BASE_URL", model_url.as_str()),
-            ("CHECKOUT_PAYMENT_PROVIDER", "stripe"),
-            ("STRIPE_BASE_URL", fake_url.as_str()),
-            ("STRIPE_API_KEY", "sk_test_fake"),
-            ("CHECKOUT_PROVIDER_TIMEOUT_MS", "20000"),
-            ("CHECKOUT_IDEMPOTENCY_LEASE_MS", "1000"),
-            ("CHECKOUT_LOOP_TIMEOUT_MS", "30000"),
+        let env = vec![
+            ("DATABASE_URL", db.url.clone()),
+            ("OPENAI_BASE_URL", model.base_url()),
+            ("CHECKOUT_PAYMENT_PROVIDER", "stripe".into()),
+            ("STRIPE_BASE_URL", fake.base_url()),
+            ("STRIPE_API_KEY", "sk_test_fake".into()),
+            ("CHECKOUT_PROVIDER_TIMEOUT_MS", "20000".into()),
+            ("CHECKOUT_IDEMPOTENCY_LEASE_MS", "1000".into()),
+            ("CHECKOUT_LOOP_TIMEOUT_MS", "30000".into()),
         ];
-        let victim = Process::start(&env);
-        let survivor = (backend == Backend::Postgres).then(|| Process::start(&env));
-        fake.fail_next(Fault::DelayAnswer(Duration::from_secs(60)));
-        let http = client();
-        let url = "/checkout?orderId=P-1&amount=42.50&paymentMethod=pm_card_visa";
-        let key = [("idempotency-key", "crash-key")];
+        let mut killed = Killed {
+            fake,
+            db,
+            env,
+            peer: None,
+            _model: model,
+        };
+        let mut victim = Process::start(&killed.env());
+        if with_peer && backend == Backend::Postgres {
+            killed.peer = Some(Process::start(&killed.env()));
+        }
+        killed
+            .fake
+            .fail_next(Fault::DelayAnswer(Duration::from_secs(60)));
         let lost = {
-            let (http, url) = (http.clone(), victim.url(url));
-            tokio::spawn(async move { post(&http, &url, &key, None).await })
+            let (http, url) = (client(), victim.url(KILLED_URL));
+            tokio::spawn(async move { post(&http, &url, &[("idempotency-key", key)], None).await })
         };
         crate::common::until("the provider executed the charge", async || {
-            fake.executions() == 1
+            killed.fake.executions() == 1
         })
         .await;
-        let mut victim = victim;
         victim.signal("KILL");
         victim.wait(Duration::from_secs(5));
         drop(victim);
         let _ = lost.await;
-        assert_eq!(db.receipts("P-1").await, 0, "killed before the receipt");
+        assert_eq!(
+            killed.db.receipts("P-1").await,
+            0,
+            "killed before the receipt"
+        );
+        killed
+    }
 
-        let survivor = survivor.unwrap_or_else(|| Process::start(&env));
-        let reply = settled(async || post(&http, &survivor.url(url), &key, None).await).await;
+    fn env(&self) -> Vec<(&str, &str)> {
+        self.env.iter().map(|(k, v)| (*k, v.as_str())).collect()
+    }
+
+    /// The other instance: the one started first, or a new one.
+    fn survivor(&mut self) -> Process {
+        self.peer
+            .take()
+            .unwrap_or_else(|| Process::start(&self.env()))
+    }
+}
+
+// The client's retry goes to another instance (on SQLite, a new process on the same
+// file), which finds the intent open and re-sends its key: one execution, one receipt.
+both_backends!(
+    killed_after_the_provider_executed_the_retry_to_another_instance_settles_it,
+    |backend| async move {
+        let mut killed = Killed::start(backend, "crash-key", true).await;
+        let survivor = killed.survivor();
+        let key = [("idempotency-key", "crash-key")];
+        let http = client();
+        let reply =
+            settled(async || post(&http, &survivor.url(KILLED_URL), &key, None).await).await;
         assert_eq!(reply.status, 200, "{}", reply.text());
         assert_eq!(reply.json()["charged"], true, "{}", reply.text());
-        assert_eq!(fake.executions(), 1);
-        assert_eq!(fake.requests_of(KEY_1), 2);
-        assert_eq!(db.receipts("P-1").await, 1);
-        assert_eq!(db.all_receipts().await, 1);
+        assert_eq!(killed.fake.executions(), 1);
+        assert_eq!(killed.fake.requests_of(KEY_1), 2);
+        assert_eq!(killed.db.receipts("P-1").await, 1);
+        assert_eq!(killed.db.all_receipts().await, 1);
     }
 );
 
@@ -508,54 +551,24 @@ both_backends!(
 both_backends!(
     killed_after_the_provider_executed_the_recovery_sweep_settles_it,
     |backend| async move {
-        let fake = StripeFake::start().await;
-        let model = scripted("").await;
-        let db = TestDb::new(backend).await;
-        let (fake_url, model_url) = (fake.base_url(), model.base_url());
-        let env = [
-            ("DATABASE_URL", db.url.as_str()),
-            ("OPENAI_BASE_URL", model_url.as_str()),
-            ("CHECKOUT_PAYMENT_PROVIDER", "stripe"),
-            ("STRIPE_BASE_URL", fake_url.as_str()),
-            ("STRIPE_API_KEY", "sk_test_fake"),
-            ("CHECKOUT_PROVIDER_TIMEOUT_MS", "20000"),
-            ("CHECKOUT_IDEMPOTENCY_LEASE_MS", "1000"),
-            ("CHECKOUT_LOOP_TIMEOUT_MS", "30000"),
-        ];
-        let victim = Process::start(&env);
-        fake.fail_next(Fault::DelayAnswer(Duration::from_secs(60)));
-        let http = client();
-        let url = "/checkout?orderId=P-1&amount=42.50&paymentMethod=pm_card_visa";
-        let key = [("idempotency-key", "swept-key")];
-        let lost = {
-            let (http, url) = (http.clone(), victim.url(url));
-            tokio::spawn(async move { post(&http, &url, &key, None).await })
-        };
-        crate::common::until("the provider executed the charge", async || {
-            fake.executions() == 1
-        })
-        .await;
-        let mut victim = victim;
-        victim.signal("KILL");
-        victim.wait(Duration::from_secs(5));
-        drop(victim);
-        let _ = lost.await;
-        assert_eq!(db.receipts("P-1").await, 0, "killed before the receipt");
-
-        let survivor = Process::start(&env);
+        let mut killed = Killed::start(backend, "swept-key", false).await;
+        let survivor = killed.survivor();
         crate::common::until("the sweep settled the charge", async || {
-            db.receipts("P-1").await == 1
+            killed.db.receipts("P-1").await == 1
         })
         .await;
-        assert_eq!(fake.executions(), 1);
-        assert_eq!(fake.requests_of(KEY_1), 2);
+        assert_eq!(killed.fake.executions(), 1);
+        assert_eq!(killed.fake.requests_of(KEY_1), 2);
         // The sweep holds the key (409 in_flight) until the model has confirmed and the
         // answer is saved.
-        let reply = settled(async || post(&http, &survivor.url(url), &key, None).await).await;
+        let key = [("idempotency-key", "swept-key")];
+        let http = client();
+        let reply =
+            settled(async || post(&http, &survivor.url(KILLED_URL), &key, None).await).await;
         assert_eq!(reply.status, 200, "{}", reply.text());
         assert_eq!(reply.header("idempotent-replayed"), Some("true"));
         assert_eq!(reply.json()["charged"], true, "{}", reply.text());
-        assert_eq!(fake.executions(), 1);
-        assert_eq!(db.all_receipts().await, 1);
+        assert_eq!(killed.fake.executions(), 1);
+        assert_eq!(killed.db.all_receipts().await, 1);
     }
 );
