@@ -76,7 +76,9 @@ impl Memory {
         if attempt == 1 && key.fence == Some(1) {
             return Ok(Replay::default());
         }
-        let entries = journal.load(&key.scope, &key.operation_key).await?;
+        // Boxed: inline, the database's future would make every call's future as large as
+        // itself (about 15 KB), also for the operations that never reach it.
+        let entries = Box::pin(journal.load(&key.scope, &key.operation_key)).await?;
         let Some(first) = entries.first() else {
             return Ok(Replay::default());
         };
@@ -95,7 +97,7 @@ impl Memory {
             now = pins,
             "the journal was made under other pins (request, model, prompt or tools); starting afresh, every effect keyed as before"
         );
-        if !journal.discard(key).await? {
+        if !Box::pin(journal.discard(key)).await? {
             return Err(JournalFailure::LeaseLost);
         }
         Ok(Replay::default())
