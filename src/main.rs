@@ -8,9 +8,10 @@ use std::process::ExitCode;
 use std::time::Duration;
 
 use checkout::caller::{self, KeyError};
-use checkout::config::{LogFormat, Settings, Sources};
+use checkout::config::{Settings, Sources};
 use checkout::db::Database;
 use checkout::model::scripted::{FaultRule, Script, ScriptedModel, describe};
+use checkout::telemetry::LogFormat;
 use checkout::{App, StartError};
 
 const USAGE: &str = "\

@@ -25,7 +25,7 @@ pub struct ChargeArguments {
 
 /// Why a charge call was refused: what the model is told, so that it can correct itself.
 #[derive(Debug, PartialEq, Eq)]
-pub enum Refusal {
+pub enum ArgumentRefusal {
     /// The arguments are not a JSON object with `orderId` and `amount`.
     Shape(String),
     /// Another order than the one being checked out.
@@ -38,27 +38,27 @@ pub enum Refusal {
     OtherAmount(String),
 }
 
-impl Refusal {
+impl ArgumentRefusal {
     /// One sentence for the model: what was wrong.
     pub fn reason(&self, order: &Order) -> String {
         let amount = order.amount();
         match self {
-            Refusal::Shape(err) => {
+            ArgumentRefusal::Shape(err) => {
                 format!("the arguments must be a JSON object with orderId and amount: {err}")
             }
-            Refusal::OtherOrder(written) => format!(
+            ArgumentRefusal::OtherOrder(written) => format!(
                 "orderId {written} is not the order being checked out; the order id is {:?}, written exactly as given",
                 order.id().as_str()
             ),
-            Refusal::Unreadable(written) => format!(
+            ArgumentRefusal::Unreadable(written) => format!(
                 "amount {written} is not a decimal amount such as {:?}",
                 amount.decimal()
             ),
-            Refusal::OtherCurrency(named) => format!(
+            ArgumentRefusal::OtherCurrency(named) => format!(
                 "the checkout is in {}, but the call names {named}",
                 amount.currency()
             ),
-            Refusal::OtherAmount(read) => {
+            ArgumentRefusal::OtherAmount(read) => {
                 format!("the authorized amount is {amount}, not {read}")
             }
         }
@@ -67,29 +67,29 @@ impl Refusal {
 
 impl ChargeArguments {
     /// Parses the call's JSON text.
-    pub fn parse(text: &str) -> Result<ChargeArguments, Refusal> {
-        serde_json::from_str(text).map_err(|err| Refusal::Shape(err.to_string()))
+    pub fn parse(text: &str) -> Result<ChargeArguments, ArgumentRefusal> {
+        serde_json::from_str(text).map_err(|err| ArgumentRefusal::Shape(err.to_string()))
     }
 
     /// Checks the call against the authorized order: `Ok` only when it asks for exactly
     /// that order, amount and currency.
-    pub fn check(&self, order: &Order) -> Result<(), Refusal> {
+    pub fn check(&self, order: &Order) -> Result<(), ArgumentRefusal> {
         let written_id = self.order_id.get();
         let id = serde_json::from_str::<String>(written_id)
             .ok()
             .or_else(|| is_json_integer(written_id).then(|| written_id.to_owned()));
         if id.as_deref() != Some(order.id().as_str()) {
-            return Err(Refusal::OtherOrder(written_id.to_owned()));
+            return Err(ArgumentRefusal::OtherOrder(written_id.to_owned()));
         }
         let authorized = order.amount();
         if let Some(code) = &self.currency
             && !names(code.trim(), authorized.currency())
         {
-            return Err(Refusal::OtherCurrency(format!("{code:?}")));
+            return Err(ArgumentRefusal::OtherCurrency(format!("{code:?}")));
         }
         let asked = amount(&self.amount, authorized.currency())?;
         if asked != authorized {
-            return Err(Refusal::OtherAmount(asked.to_string()));
+            return Err(ArgumentRefusal::OtherAmount(asked.to_string()));
         }
         Ok(())
     }
@@ -105,9 +105,9 @@ fn is_json_integer(text: &str) -> bool {
 /// `"$42.50"`, `"EUR 7"`), thousands separators in their usual places (`"1,500.00"`), and
 /// trailing zeros past the currency's minor digits (`"42.500"`). Every code or symbol it
 /// names must stand for `currency`.
-pub fn amount(raw: &RawValue, currency: Currency) -> Result<Money, Refusal> {
+pub fn amount(raw: &RawValue, currency: Currency) -> Result<Money, ArgumentRefusal> {
     let written = raw.get();
-    let unreadable = || Refusal::Unreadable(written.to_owned());
+    let unreadable = || ArgumentRefusal::Unreadable(written.to_owned());
     let text = json_decimal(raw).ok_or_else(unreadable)?;
     let text = text.trim();
     let (Some(first), Some(last)) = (
@@ -125,7 +125,7 @@ pub fn amount(raw: &RawValue, currency: Currency) -> Result<Money, Refusal> {
     for marker in before.split_whitespace().chain(after.split_whitespace()) {
         match marker_currency(marker, currency) {
             Marker::Authorized => {}
-            Marker::Other => return Err(Refusal::OtherCurrency(format!("{marker:?}"))),
+            Marker::Other => return Err(ArgumentRefusal::OtherCurrency(format!("{marker:?}"))),
             Marker::NotACurrency => return Err(unreadable()),
         }
     }
@@ -257,7 +257,7 @@ mod tests {
         )
     }
 
-    fn check(args: &str, order: &Order) -> Result<(), Refusal> {
+    fn check(args: &str, order: &Order) -> Result<(), ArgumentRefusal> {
         ChargeArguments::parse(args)?.check(order)
     }
 
@@ -321,16 +321,16 @@ mod tests {
         assert_eq!(check(r#"{"orderId":"F-1","amount":0.29}"#, &o), Ok(()));
         assert_eq!(
             check(r#"{"orderId":"F-1","amount":0.2900000000000000001}"#, &o),
-            Err(Refusal::Unreadable("0.2900000000000000001".into())),
+            Err(ArgumentRefusal::Unreadable("0.2900000000000000001".into())),
             "a float would round this to 0.29"
         );
         assert_eq!(
             check(r#"{"orderId":"F-1","amount":"0.3"}"#, &o),
-            Err(Refusal::OtherAmount("0.30 USD".into()))
+            Err(ArgumentRefusal::OtherAmount("0.30 USD".into()))
         );
         assert_eq!(
             check(r#"{"orderId":"F-1","amount":"0.291"}"#, &o),
-            Err(Refusal::Unreadable(r#""0.291""#.into()))
+            Err(ArgumentRefusal::Unreadable(r#""0.291""#.into()))
         );
         let big = order("F-2", "99999.99", "USD");
         assert_eq!(
@@ -339,7 +339,7 @@ mod tests {
         );
         assert_eq!(
             check(r#"{"orderId":"F-2","amount":100000}"#, &big),
-            Err(Refusal::OtherAmount("100000.00 USD".into()))
+            Err(ArgumentRefusal::OtherAmount("100000.00 USD".into()))
         );
     }
 
@@ -356,7 +356,7 @@ mod tests {
             let args = format!(r#"{{"orderId": "A-100", "amount": {amount}}}"#);
             assert_eq!(
                 check(&args, &o),
-                Err(Refusal::OtherCurrency(named.into())),
+                Err(ArgumentRefusal::OtherCurrency(named.into())),
                 "{amount}"
             );
         }
@@ -365,7 +365,7 @@ mod tests {
                 r#"{"orderId":"A-100","amount":"42.50","currency":"EUR"}"#,
                 &o
             ),
-            Err(Refusal::OtherCurrency(r#""EUR""#.into()))
+            Err(ArgumentRefusal::OtherCurrency(r#""EUR""#.into()))
         );
         assert_eq!(
             check(
@@ -401,7 +401,7 @@ mod tests {
         ] {
             let args = format!(r#"{{"orderId": "A-100", "amount": {amount}}}"#);
             assert!(
-                matches!(check(&args, &o), Err(Refusal::Unreadable(_))),
+                matches!(check(&args, &o), Err(ArgumentRefusal::Unreadable(_))),
                 "{amount} was not refused as unreadable: {:?}",
                 check(&args, &o)
             );
@@ -426,7 +426,7 @@ mod tests {
             let args = format!(r#"{{"orderId": {id}, "amount": "42.50"}}"#);
             assert_eq!(
                 check(&args, &o),
-                Err(Refusal::OtherOrder(id.into())),
+                Err(ArgumentRefusal::OtherOrder(id.into())),
                 "{id}"
             );
         }
@@ -434,7 +434,7 @@ mod tests {
         assert_eq!(check(r#"{"orderId":12345,"amount":7}"#, &numeric), Ok(()));
         assert_eq!(
             check(r#"{"orderId":12345.0,"amount":7}"#, &numeric),
-            Err(Refusal::OtherOrder("12345.0".into()))
+            Err(ArgumentRefusal::OtherOrder("12345.0".into()))
         );
     }
 
@@ -449,7 +449,7 @@ mod tests {
             "",
         ] {
             assert!(
-                matches!(check(args, &o), Err(Refusal::Shape(_))),
+                matches!(check(args, &o), Err(ArgumentRefusal::Shape(_))),
                 "{args:?}: {:?}",
                 check(args, &o)
             );

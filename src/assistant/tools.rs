@@ -11,7 +11,7 @@ use std::sync::LazyLock;
 use serde_json::json;
 use tracing::Instrument;
 
-use super::arguments::{ChargeArguments, Refusal};
+use super::arguments::{ArgumentRefusal, ChargeArguments};
 use super::context::{ChargeStatus, CheckoutContext};
 use super::error::{FailureKind, JournalFailure, ToolFailure};
 use crate::journal::NewEntry;
@@ -267,7 +267,7 @@ fn charge_result(receipt: &Receipt, already_charged: bool) -> String {
 
 /// A refused charge call: what was wrong, and the call that would be accepted (the
 /// authorized values are in the prompt already; naming them reveals nothing).
-fn refused_charge(refusal: &Refusal, order: &Order) -> ToolOutput {
+fn refused_charge(refusal: &ArgumentRefusal, order: &Order) -> ToolOutput {
     let reason = refusal.reason(order);
     tracing::info!(%reason, "charge call refused");
     let content = json!({

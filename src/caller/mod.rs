@@ -186,11 +186,11 @@ pub enum Verdict {
     /// No key needed (open): the anonymous caller.
     Open,
     /// Refused, and why (for the 401's detail; never the key).
-    Refused(Refusal),
+    Refused(AuthRefusal),
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Refusal {
+pub enum AuthRefusal {
     /// No `Authorization` header, and a key is needed.
     Missing,
     /// An `Authorization` header that is not `Bearer <key>`.
@@ -276,11 +276,11 @@ impl Gate {
             return Ok(if self.is_open() {
                 Verdict::Open
             } else {
-                Verdict::Refused(Refusal::Missing)
+                Verdict::Refused(AuthRefusal::Missing)
             });
         };
         let Some(key) = bearer(header) else {
-            return Ok(Verdict::Refused(Refusal::NotBearer));
+            return Ok(Verdict::Refused(AuthRefusal::NotBearer));
         };
         let hash = KeyHash::of(key);
         let mut conn = self.db.acquire().await?;
@@ -291,7 +291,7 @@ impl Gate {
                 self.keys_exist.store(true, Ordering::Release);
                 Verdict::Caller(Caller(found.name))
             }
-            _ => Verdict::Refused(Refusal::Invalid),
+            _ => Verdict::Refused(AuthRefusal::Invalid),
         })
     }
 }

@@ -8,7 +8,7 @@ use serde::Serialize;
 
 /// A finished answer: what is sent, and what an idempotency record saves for replay.
 #[derive(Clone, Debug, PartialEq, Eq)]
-pub struct Answer {
+pub struct HttpAnswer {
     pub status: StatusCode,
     pub content_type: String,
     pub body: Bytes,
@@ -18,9 +18,9 @@ pub struct Answer {
     pub final_outcome: bool,
 }
 
-impl Answer {
+impl HttpAnswer {
     pub fn new(status: StatusCode, content_type: &str, body: impl Into<Bytes>) -> Self {
-        Answer {
+        HttpAnswer {
             status,
             content_type: content_type.to_owned(),
             body: body.into(),
@@ -31,11 +31,11 @@ impl Answer {
 
     pub fn json(status: StatusCode, body: &impl Serialize) -> Self {
         let body = serde_json::to_vec(body).expect("answers always serialize");
-        Answer::new(status, "application/json", body)
+        HttpAnswer::new(status, "application/json", body)
     }
 }
 
-impl IntoResponse for Answer {
+impl IntoResponse for HttpAnswer {
     fn into_response(self) -> Response {
         let mut response = Response::new(Body::from(self.body));
         *response.status_mut() = self.status;

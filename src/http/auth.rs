@@ -12,7 +12,7 @@ use axum::response::{IntoResponse, Response};
 
 use super::error::{Code, Problem};
 use super::state::AppState;
-use crate::caller::{Refusal, Verdict};
+use crate::caller::{AuthRefusal, Verdict};
 
 pub async fn require_caller(
     State(app): State<AppState>,
@@ -43,21 +43,21 @@ pub async fn require_caller(
     }
 }
 
-fn reason(why: Refusal) -> &'static str {
+fn reason(why: AuthRefusal) -> &'static str {
     match why {
-        Refusal::Missing => "missing",
-        Refusal::NotBearer => "not_bearer",
-        Refusal::Invalid => "invalid",
+        AuthRefusal::Missing => "missing",
+        AuthRefusal::NotBearer => "not_bearer",
+        AuthRefusal::Invalid => "invalid",
     }
 }
 
 /// The 401 for a refusal: `WWW-Authenticate: Bearer`, with `error="invalid_token"` when a
 /// key was sent and is not valid (RFC 6750 §3).
-pub fn unauthorized(why: Refusal) -> Response {
+pub fn unauthorized(why: AuthRefusal) -> Response {
     let mut response = Problem::unauthorized(why).into_response();
     let challenge = match why {
-        Refusal::Invalid => "Bearer error=\"invalid_token\"",
-        Refusal::Missing | Refusal::NotBearer => "Bearer",
+        AuthRefusal::Invalid => "Bearer error=\"invalid_token\"",
+        AuthRefusal::Missing | AuthRefusal::NotBearer => "Bearer",
     };
     response.headers_mut().insert(
         header::WWW_AUTHENTICATE,

@@ -10,8 +10,8 @@ use utoipa::ToSchema;
 use utoipa::openapi::example::ExampleBuilder;
 use utoipa::openapi::{ContentBuilder, Ref, RefOr, ResponseBuilder};
 
-use super::answer::Answer;
-use crate::caller::Refusal;
+use super::answer::HttpAnswer;
+use crate::caller::AuthRefusal;
 
 pub const PROBLEM_JSON: &str = "application/problem+json";
 
@@ -205,15 +205,15 @@ impl Problem {
     }
 
     /// A 401 for a request without a valid API key, saying which way it fell short.
-    pub fn unauthorized(why: Refusal) -> Self {
+    pub fn unauthorized(why: AuthRefusal) -> Self {
         Problem::new(
             Code::Unauthorized,
             match why {
-                Refusal::Missing => {
+                AuthRefusal::Missing => {
                     "this endpoint needs an API key: send Authorization: Bearer <key> (an operator makes one with `checkout api-keys create NAME`)"
                 }
-                Refusal::NotBearer => "the Authorization header must be Bearer <key>",
-                Refusal::Invalid => "the API key is not valid: no such key, or it was revoked",
+                AuthRefusal::NotBearer => "the Authorization header must be Bearer <key>",
+                AuthRefusal::Invalid => "the API key is not valid: no such key, or it was revoked",
             },
         )
     }
@@ -228,13 +228,13 @@ impl Problem {
     }
 
     /// The answer to send (and, for final outcomes, to save for replay).
-    pub fn answer(self) -> Answer {
+    pub fn answer(self) -> HttpAnswer {
         let code = self.code();
         if code.status().is_server_error() {
             tracing::error!(code = code.as_str(), detail = %self.body.detail, "request failed");
         }
         let body = serde_json::to_vec(&self.body).expect("a problem always serializes");
-        let mut answer = Answer::new(code.status(), PROBLEM_JSON, body);
+        let mut answer = HttpAnswer::new(code.status(), PROBLEM_JSON, body);
         answer.retry_after = self.retry_after;
         answer.final_outcome = code.is_final();
         answer

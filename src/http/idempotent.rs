@@ -13,7 +13,7 @@ use utoipa::IntoParams;
 use utoipa::openapi::path::{Parameter, ParameterBuilder, ParameterIn};
 use utoipa::openapi::{ObjectBuilder, Required, Type};
 
-use super::answer::Answer;
+use super::answer::HttpAnswer;
 use super::error::{Code, Problem};
 use super::state::AppState;
 use crate::idempotency::{self, Begin, Fingerprint, Lease, Saved};
@@ -116,7 +116,7 @@ pub async fn once<F>(
     work: impl FnOnce(&Lease) -> F,
 ) -> Response
 where
-    F: Future<Output = Answer> + Send + 'static,
+    F: Future<Output = HttpAnswer> + Send + 'static,
 {
     let settings = app.settings();
     let begun = idempotency::begin(
@@ -174,7 +174,7 @@ where
 
 /// Runs the work in a task of its own, so that it finishes (and its answer is saved)
 /// even when the client goes away or the server timeout gives up on the connection.
-pub async fn detached(work: impl Future<Output = Answer> + Send + 'static) -> Answer {
+pub async fn detached(work: impl Future<Output = HttpAnswer> + Send + 'static) -> HttpAnswer {
     match tokio::spawn(work.in_current_span()).await {
         Ok(answer) => answer,
         Err(err) => Problem::new(Code::Unavailable, format!("the task failed: {err}")).answer(),
@@ -186,8 +186,8 @@ pub async fn detached(work: impl Future<Output = Answer> + Send + 'static) -> An
 pub(crate) async fn resume(
     app: &AppState,
     lease: Lease,
-    work: impl Future<Output = Answer> + Send + 'static,
-) -> Answer {
+    work: impl Future<Output = HttpAnswer> + Send + 'static,
+) -> HttpAnswer {
     detached(owned(app.clone(), lease, work)).await
 }
 
@@ -196,8 +196,8 @@ pub(crate) async fn resume(
 async fn owned(
     app: AppState,
     lease: Lease,
-    work: impl Future<Output = Answer> + Send + 'static,
-) -> Answer {
+    work: impl Future<Output = HttpAnswer> + Send + 'static,
+) -> HttpAnswer {
     let records = app.records().clone();
     let lease_for = app.settings().idempotency.lease;
     let renew = async {
@@ -250,7 +250,7 @@ async fn owned(
 fn replay(saved: Saved) -> Response {
     let status = axum::http::StatusCode::from_u16(saved.status)
         .unwrap_or(axum::http::StatusCode::INTERNAL_SERVER_ERROR);
-    let mut answer = Answer::new(status, &saved.content_type, saved.body).into_response();
+    let mut answer = HttpAnswer::new(status, &saved.content_type, saved.body).into_response();
     answer
         .headers_mut()
         .insert(REPLAYED, HeaderValue::from_static("true"));

@@ -29,9 +29,9 @@ use utoipa_swagger_ui::SwaggerUi;
 
 use crate::metrics::{Metrics, TimedOut};
 
-pub use answer::Answer;
+pub use answer::HttpAnswer;
 use error::{Code, Problem};
-pub use state::{AppState, ModelInfo};
+pub use state::{AppState, ModelInfo, Parts};
 
 #[derive(OpenApi)]
 #[openapi(

@@ -10,7 +10,7 @@ use utoipa::openapi::{RefOr, Response as DocResponse};
 
 use super::error::{Code, Problem, documented};
 use super::state::AppState;
-use crate::caller::Refusal;
+use crate::caller::AuthRefusal;
 use crate::payments::OrderId;
 use crate::payments::Receipt;
 use serde::Serialize;
@@ -30,7 +30,7 @@ impl IntoResponses for ReceiptErrors {
             ),
             (
                 "`unauthorized`: no valid API key (see WWW-Authenticate)",
-                vec![Problem::unauthorized(Refusal::Missing)],
+                vec![Problem::unauthorized(AuthRefusal::Missing)],
             ),
             (
                 "`not_found`: the order has not been charged",

@@ -17,42 +17,26 @@ use crate::payments::PaymentGateway;
 
 /// What every handler shares.
 #[derive(Clone)]
-pub struct AppState(Arc<Shared>);
+pub struct AppState(Arc<Parts>);
 
-struct Shared {
-    settings: Settings,
-    db: Database,
-    gateway: PaymentGateway,
-    outbox: Outbox,
-    records: Records,
-    assistant: Assistant,
-    model: ModelInfo,
-    metrics: Metrics,
-    gate: Gate,
+/// The parts, each built once by [`crate::App::build`].
+pub struct Parts {
+    pub settings: Settings,
+    pub db: Database,
+    pub gateway: PaymentGateway,
+    /// Read by the handler (the answer's confirmation); the tool writes through its own
+    /// clone.
+    pub outbox: Outbox,
+    pub records: Records,
+    pub assistant: Assistant,
+    pub model: ModelInfo,
+    pub metrics: Metrics,
+    pub gate: Gate,
 }
 
 impl AppState {
-    pub fn new(
-        settings: Settings,
-        db: Database,
-        gateway: PaymentGateway,
-        assistant: Assistant,
-        model: ModelInfo,
-        metrics: Metrics,
-        gate: Gate,
-    ) -> Self {
-        AppState(Arc::new(Shared {
-            records: Records::new(&db),
-            // Read here only (the answer's confirmation); the tool writes through its own.
-            outbox: Outbox::new(&db, settings.mail.from.clone()),
-            gate,
-            settings,
-            db,
-            gateway,
-            assistant,
-            model,
-            metrics,
-        }))
+    pub fn new(parts: Parts) -> Self {
+        AppState(Arc::new(parts))
     }
 
     pub fn metrics(&self) -> &Metrics {

@@ -61,7 +61,7 @@ impl ModelClient {
             http = http.http2_prior_knowledge();
         }
         let http = http.build()?;
-        let transport = Transport(Arc::new(Endpoint {
+        let transport = ChatTransport(Arc::new(Endpoint {
             http,
             url,
             api_key: endpoint.api_key.clone(),
@@ -143,7 +143,7 @@ pub struct Completion {
 
 /// The innermost service: one POST, one answer, no retries of its own.
 #[derive(Clone)]
-struct Transport(Arc<Endpoint>);
+struct ChatTransport(Arc<Endpoint>);
 
 struct Endpoint {
     http: reqwest::Client,
@@ -151,7 +151,7 @@ struct Endpoint {
     api_key: Option<Secret>,
 }
 
-impl Service<ModelCall> for Transport {
+impl Service<ModelCall> for ChatTransport {
     type Response = ChatResponse;
     type Error = ModelError;
     type Future = Pin<Box<dyn Future<Output = Result<ChatResponse, ModelError>> + Send>>;

@@ -61,14 +61,14 @@ impl MailSettings {
 
 /// Where messages go.
 #[derive(Clone)]
-pub enum Transport {
+pub enum MailTransport {
     Smtp(AsyncSmtpTransport<Tokio1Executor>),
     Files(PathBuf),
 }
 
-impl Transport {
+impl MailTransport {
     /// The transport the settings name; the mail directory is made if missing.
-    pub fn new(settings: &MailSettings) -> Result<Transport, String> {
+    pub fn new(settings: &MailSettings) -> Result<MailTransport, String> {
         match &settings.smtp_url {
             Some(url) => {
                 let smtp = AsyncSmtpTransport::<Tokio1Executor>::from_url(url.expose())
@@ -77,7 +77,7 @@ impl Transport {
                     .timeout(Some(settings.lease / 2))
                     .pool_config(PoolConfig::new().max_size(4))
                     .build();
-                Ok(Transport::Smtp(smtp))
+                Ok(MailTransport::Smtp(smtp))
             }
             None => {
                 std::fs::create_dir_all(&settings.dir).map_err(|err| {
@@ -87,7 +87,7 @@ impl Transport {
                     )
                 })?;
                 let dir = std::fs::canonicalize(&settings.dir).unwrap_or(settings.dir.clone());
-                Ok(Transport::Files(dir))
+                Ok(MailTransport::Files(dir))
             }
         }
     }
@@ -105,7 +105,7 @@ enum Attempt {
 /// Empties the outbox, for as long as the service runs.
 pub struct Dispatcher {
     outbox: Outbox,
-    transport: Transport,
+    transport: MailTransport,
     settings: MailSettings,
     metrics: Metrics,
 }
@@ -113,7 +113,7 @@ pub struct Dispatcher {
 impl Dispatcher {
     pub fn new(
         outbox: Outbox,
-        transport: Transport,
+        transport: MailTransport,
         settings: MailSettings,
         metrics: Metrics,
     ) -> Self {
@@ -200,7 +200,7 @@ impl Dispatcher {
 
     async fn send(&self, row: &Claimed) -> Attempt {
         match &self.transport {
-            Transport::Files(dir) => {
+            MailTransport::Files(dir) => {
                 let name = row.message_id.trim_matches(['<', '>']);
                 let path = dir.join(format!("{name}.eml"));
                 let partial = dir.join(format!(".{name}.eml.partial"));
@@ -215,7 +215,7 @@ impl Dispatcher {
                     }
                 }
             }
-            Transport::Smtp(smtp) => {
+            MailTransport::Smtp(smtp) => {
                 let envelope = match envelope(row) {
                     Ok(envelope) => envelope,
                     Err(err) => return Attempt::Permanent(err),

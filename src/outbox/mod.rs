@@ -20,7 +20,7 @@ use tokio::sync::Notify;
 use utoipa::ToSchema;
 
 pub use address::{MAX_LEN, PATTERN as EMAIL_PATTERN, Recipient};
-pub use dispatcher::{Dispatcher, MailSettings, Transport};
+pub use dispatcher::{Dispatcher, MailSettings, MailTransport};
 pub use message::message_id;
 
 use crate::db::{Conn, Database, StoreError, on_conn};

@@ -3,7 +3,7 @@ use std::sync::Arc;
 use super::keys::{ChargeKey, OperationKey, OrderId, PaymentMethod};
 use super::money::{Currency, Money};
 use super::store::{ChargeOutcome, Intent, IntentStatus, Receipt, Receipts};
-use super::stripe::{Answer, ProviderError, Stripe};
+use super::stripe::{PaymentOutcome, ProviderError, Stripe};
 use crate::db::StoreError;
 use crate::journal::NewEntry;
 
@@ -255,12 +255,12 @@ impl PaymentGateway {
         operation: &OperationKey,
         caller: &str,
         intent: &Intent,
-        answer: Answer,
+        answer: PaymentOutcome,
         journal: impl FnOnce(&Receipt) -> Vec<NewEntry>,
     ) -> Result<Charged, ChargeError> {
         let order = key.order_id();
         match answer {
-            Answer::Succeeded { payment_id } => {
+            PaymentOutcome::Succeeded { payment_id } => {
                 let corrupt = |what: String| {
                     StoreError::Corrupt(format!("intent {}: {what}", intent.provider_key))
                 };
@@ -290,7 +290,7 @@ impl PaymentGateway {
                 }
                 Ok(charged)
             }
-            Answer::Declined {
+            PaymentOutcome::Declined {
                 payment_id,
                 decline_code,
                 message,
@@ -310,7 +310,7 @@ impl PaymentGateway {
                     payment_id,
                 })
             }
-            Answer::RequiresAction { payment_id } => {
+            PaymentOutcome::RequiresAction { payment_id } => {
                 self.store
                     .settle_intent(
                         intent,

@@ -45,7 +45,7 @@ pub struct StripeSettings {
 
 /// What the provider did with a charge.
 #[derive(Clone, Debug, PartialEq, Eq)]
-pub enum Answer {
+pub enum PaymentOutcome {
     Succeeded {
         payment_id: String,
     },
@@ -134,7 +134,7 @@ impl Stripe {
     pub fn new(settings: &StripeSettings, metrics: &Metrics) -> Result<Stripe, BoxError> {
         let _ = rustls::crypto::ring::default_provider().install_default();
         let base = settings.base_url.trim_end_matches('/');
-        let transport = Transport(Arc::new(Endpoint {
+        let transport = StripeTransport(Arc::new(Endpoint {
             http: reqwest::Client::builder().tcp_nodelay(true).build()?,
             create: reqwest::Url::parse(&format!("{base}/v1/payment_intents"))?,
             search: reqwest::Url::parse(&format!("{base}/v1/payment_intents/search"))?,
@@ -166,7 +166,7 @@ impl Stripe {
     /// Sends the intent's charge (`POST /v1/payment_intents`, confirmed at once) under its
     /// key, with its parameters, retried with the same key; when no retry brought an
     /// outcome, looks the payment up (a saved 500 answers every repeat of its key).
-    pub async fn create(&self, intent: &Intent) -> Result<Answer, ProviderError> {
+    pub async fn create(&self, intent: &Intent) -> Result<PaymentOutcome, ProviderError> {
         let mut form = reqwest::Url::parse("http://form/").expect("a valid URL");
         form.query_pairs_mut()
             .append_pair("amount", &intent.amount_minor.to_string())
@@ -201,7 +201,7 @@ impl Stripe {
 
     /// Looks the intent's payment up by its metadata (order id and attempt): the way to
     /// settle an intent whose key the provider no longer keeps. `None`: no such payment.
-    pub async fn find(&self, intent: &Intent) -> Result<Option<Answer>, ProviderError> {
+    pub async fn find(&self, intent: &Intent) -> Result<Option<PaymentOutcome>, ProviderError> {
         let call = Call {
             request: Request::Search {
                 query: format!("metadata['order_id']:'{}'", intent.order_id).into(),
@@ -229,14 +229,14 @@ impl Stripe {
 }
 
 /// What a `POST /v1/payment_intents` answer says.
-fn created(reply: &Reply, key: &str) -> Result<Answer, ProviderError> {
+fn created(reply: &Reply, key: &str) -> Result<PaymentOutcome, ProviderError> {
     match reply.status {
         200 => of_intent(&reply.json()?),
         402 => {
             let body = reply.json()?;
             let error = &body["error"];
             let payment = &error["payment_intent"];
-            Ok(Answer::Declined {
+            Ok(PaymentOutcome::Declined {
                 payment_id: payment["id"].as_str().map(str::to_owned),
                 decline_code: error["decline_code"]
                     .as_str()
@@ -267,16 +267,16 @@ fn created(reply: &Reply, key: &str) -> Result<Answer, ProviderError> {
 }
 
 /// A PaymentIntent object's outcome.
-fn of_intent(payment: &Value) -> Result<Answer, ProviderError> {
+fn of_intent(payment: &Value) -> Result<PaymentOutcome, ProviderError> {
     let id = payment["id"]
         .as_str()
         .ok_or_else(|| ProviderError::Malformed("a payment intent without an id".into()))?
         .to_owned();
     let last_error = &payment["last_payment_error"];
     match payment["status"].as_str().unwrap_or_default() {
-        "succeeded" => Ok(Answer::Succeeded { payment_id: id }),
-        "requires_action" => Ok(Answer::RequiresAction { payment_id: id }),
-        "requires_payment_method" | "canceled" => Ok(Answer::Declined {
+        "succeeded" => Ok(PaymentOutcome::Succeeded { payment_id: id }),
+        "requires_action" => Ok(PaymentOutcome::RequiresAction { payment_id: id }),
+        "requires_payment_method" | "canceled" => Ok(PaymentOutcome::Declined {
             payment_id: Some(id),
             decline_code: last_error["decline_code"]
                 .as_str()
@@ -398,7 +398,7 @@ impl Reply {
 
 /// The innermost service: one request, no retries of its own.
 #[derive(Clone)]
-struct Transport(Arc<Endpoint>);
+struct StripeTransport(Arc<Endpoint>);
 
 struct Endpoint {
     http: reqwest::Client,
@@ -407,7 +407,7 @@ struct Endpoint {
     api_key: Secret,
 }
 
-impl Service<Call> for Transport {
+impl Service<Call> for StripeTransport {
     type Response = Reply;
     type Error = BoxError;
     type Future = Pin<Box<dyn Future<Output = Result<Reply, BoxError>> + Send>>;

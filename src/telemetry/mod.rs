@@ -18,8 +18,14 @@ use tracing_subscriber::layer::{Context, Filter, SubscriberExt};
 use tracing_subscriber::util::SubscriberInitExt;
 use tracing_subscriber::{Layer, Registry};
 
-use crate::config::LogFormat;
 pub use otlp::{TraceExport, TraceSetupError};
+
+/// How log lines are written (`CHECKOUT_LOG_FORMAT`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum LogFormat {
+    Text,
+    Json,
+}
 
 /// Starts logging, and trace export when the environment asks for it. Keep the returned
 /// [`TraceExport`] until the service stops, then call [`TraceExport::shutdown`] so the
@@ -38,7 +44,9 @@ pub fn init_logs(format: LogFormat) {
 fn install(format: LogFormat, export: Option<&TraceExport>) {
     let filter = EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new("info"));
     let not_genai = filter_fn(|meta| meta.target() != genai::TARGET);
-    let logs = tracing_subscriber::fmt::layer().with_target(false);
+    let logs = tracing_subscriber::fmt::layer()
+        .with_target(false)
+        .with_ansi(colour());
     let logs: Box<dyn Layer<Registry> + Send + Sync> = match format {
         LogFormat::Text => logs.with_filter(Asked(filter.and(not_genai))).boxed(),
         LogFormat::Json => logs
@@ -52,6 +60,14 @@ fn install(format: LogFormat, export: Option<&TraceExport>) {
         .collect();
     // A second init (tests building several apps in one process) keeps the first.
     let _ = tracing_subscriber::registry().with(layers).try_init();
+}
+
+/// Colour codes only on a terminal, and never with `NO_COLOR` set to anything non-empty
+/// (no-color.org): a file or a pipe gets plain text.
+fn colour() -> bool {
+    use std::io::IsTerminal;
+    let no_color = std::env::var_os("NO_COLOR").is_some_and(|v| !v.is_empty());
+    !no_color && std::io::stdout().is_terminal()
 }
 
 /// A per-layer filter that is asked about every span and event, never cached as

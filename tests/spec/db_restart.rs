@@ -19,7 +19,7 @@ async fn behind_proxy(faults: &str) -> (Harness, Proxy) {
     let mut settings = test_settings(&db, &model);
     settings.database.url = db.url_via(proxy.addr);
     settings.database.pool.acquire_timeout = Duration::from_millis(300);
-    settings.r#loop.journal = false;
+    settings.assistant.journal = false;
     (Harness::serve(db, model, settings).await, proxy)
 }
 
@@ -136,8 +136,8 @@ async fn a_charge_whose_answer_never_comes_does_not_stall_the_charges_after_it()
     let mut settings = test_settings(&db, &model);
     settings.database.url = db.url_via(proxy.addr);
     settings.request.timeout = Duration::from_millis(500);
-    settings.r#loop.retry.timeout = Duration::from_millis(1_000);
-    settings.r#loop.journal = false;
+    settings.assistant.retry.timeout = Duration::from_millis(1_000);
+    settings.assistant.journal = false;
     let h = std::sync::Arc::new(Harness::serve(db, model, settings).await);
     // Prepares the statements, so that the next charge needs no answer before it runs.
     assert_eq!(h.checkout("DB-4-warm", "1.00").await.status, 200);

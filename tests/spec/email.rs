@@ -237,7 +237,7 @@ both_backends!(
             let tune = smtp(maildev.url());
             let h = Harness::with(backend, faults, |s| {
                 tune(s);
-                s.r#loop.journal = journal;
+                s.assistant.journal = journal;
             })
             .await;
             let key = format!("l-{i}");

@@ -92,12 +92,12 @@ fn matrix_settings(s: &mut Settings, column: Column) {
     // Long beside an answer (milliseconds), so a loaded machine does not add a timeout
     // the cell does not expect; the loop timeout outlasts three timed-out requests.
     s.request.timeout = Duration::from_millis(1_000);
-    s.r#loop.retry.timeout = Duration::from_millis(6_000);
-    s.r#loop.retry.max_retries = match column {
+    s.assistant.retry.timeout = Duration::from_millis(6_000);
+    s.assistant.retry.max_retries = match column {
         Column::Resume | Column::Restart => 2,
         Column::NoRetry => 0,
     };
-    s.r#loop.journal = !matches!(column, Column::Restart);
+    s.assistant.journal = !matches!(column, Column::Restart);
 }
 
 /// Runs `fault` at rounds 1, 2, 3, in each column, on `backend`, all cells at once: with
@@ -429,7 +429,7 @@ async fn retry_after_is_waited_out_before_the_retry() {
 async fn a_retry_after_beyond_the_cap_ends_the_retries_and_is_passed_on() {
     let h = Harness::with(Backend::Sqlite, "429+retry-after=60@1", |s| {
         s.request.retry_after_max = Duration::from_secs(5);
-        s.r#loop.retry.max_retries = 0;
+        s.assistant.retry.max_retries = 0;
     })
     .await;
     let reply = h.checkout("W-2", "1.00").await;
@@ -478,8 +478,8 @@ async fn the_retry_budget_stops_a_storm() {
 async fn a_loop_timeout_after_the_charge_resumes_the_loop_without_a_second_charge() {
     let tune = |s: &mut Settings, retries| {
         s.request.timeout = Duration::from_millis(500);
-        s.r#loop.retry.timeout = Duration::from_millis(700);
-        s.r#loop.retry.max_retries = retries;
+        s.assistant.retry.timeout = Duration::from_millis(700);
+        s.assistant.retry.max_retries = retries;
     };
     let h = Harness::with(Backend::Sqlite, "slow=400@1x1,slow=400@2x1", |s| tune(s, 2)).await;
     let reply = h.checkout("LT-1", "1.00").await;

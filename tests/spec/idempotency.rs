@@ -122,7 +122,7 @@ both_backends!(
 #[tokio::test]
 async fn a_transient_failure_is_not_saved_and_the_key_stays_usable() {
     let h = Harness::with(Backend::Sqlite, "503@1x3", |s| {
-        s.r#loop.retry.max_retries = 0
+        s.assistant.retry.max_retries = 0
     })
     .await;
     let failed = keyed(&h, "I-6", "1.00").await;
@@ -139,7 +139,7 @@ async fn a_transient_failure_is_not_saved_and_the_key_stays_usable() {
 async fn final_failures_are_saved_and_replayed() {
     // No nudge: the model's first answer is its last, a final 502.
     let h = Harness::with(Backend::Sqlite, "no-charge@1x1", |s| {
-        s.r#loop.max_nudges = 0
+        s.assistant.max_nudges = 0
     })
     .await;
     let refused = keyed(&h, "I-7", "1.00").await;

@@ -19,8 +19,8 @@ const KEY: (&str, &str) = ("idempotency-key", "journal-key");
 /// usable. Round 1's answer and the charge's result are journaled.
 async fn failed_after_the_charge(backend: Backend, journal: bool) -> Harness {
     let h = Harness::with(backend, "503@2x3", |s| {
-        s.r#loop.retry.max_retries = 0;
-        s.r#loop.journal = journal;
+        s.assistant.retry.max_retries = 0;
+        s.assistant.journal = journal;
     })
     .await;
     let first = keyed(&h).await;

@@ -235,8 +235,8 @@ async fn a_loop_timeout_and_a_server_timeout_are_counted_by_their_layer() {
     // Every answer takes 300 ms (under the 400 ms request timeout): a loop of two rounds
     // needs 600 ms, and the loop timeout is 450 ms, with no loop retry.
     let h = Harness::with(Backend::Sqlite, "slow=300", |s| {
-        s.r#loop.retry.timeout = Duration::from_millis(450);
-        s.r#loop.retry.max_retries = 0;
+        s.assistant.retry.timeout = Duration::from_millis(450);
+        s.assistant.retry.max_retries = 0;
     })
     .await;
     let reply = h.checkout("C-1", "1").await;

@@ -75,7 +75,7 @@ async fn a_charge_of_another_amount_is_refused() {
 
 #[tokio::test]
 async fn a_model_that_refuses_every_time_never_charges() {
-    let (h, reply) = run("wrong-amount", |s| s.r#loop.max_rounds = 4).await;
+    let (h, reply) = run("wrong-amount", |s| s.assistant.max_rounds = 4).await;
     let problem = reply.problem(502);
     assert_eq!(problem["code"], "model_error");
     assert_eq!(problem["orderCharged"], false);
@@ -101,7 +101,7 @@ async fn a_json_number_amount_is_read_exactly() {
 
 #[tokio::test]
 async fn a_model_that_finishes_without_charging_is_502_model_did_not_charge() {
-    let (h, reply) = run("no-charge@1", |s| s.r#loop.max_nudges = 0).await;
+    let (h, reply) = run("no-charge@1", |s| s.assistant.max_nudges = 0).await;
     let problem = reply.problem(502);
     assert_eq!(problem["code"], "model_did_not_charge");
     assert_eq!(problem["orderCharged"], false);
@@ -115,7 +115,7 @@ async fn a_model_that_finishes_without_charging_is_502_model_did_not_charge() {
 
 #[tokio::test]
 async fn a_model_that_keeps_calling_tools_stops_after_max_rounds() {
-    let (h, reply) = run("recharge", |s| s.r#loop.max_rounds = 5).await;
+    let (h, reply) = run("recharge", |s| s.assistant.max_rounds = 5).await;
     let problem = reply.problem(502);
     assert_eq!(problem["code"], "model_error");
     assert_eq!(problem["attempts"], 1);
@@ -137,7 +137,7 @@ async fn a_model_that_keeps_calling_tools_stops_after_max_rounds() {
 
 #[tokio::test]
 async fn a_model_that_ends_without_charging_is_nudged_and_then_charges() {
-    let (h, reply) = run("no-charge@1", |s| s.r#loop.max_nudges = 2).await;
+    let (h, reply) = run("no-charge@1", |s| s.assistant.max_nudges = 2).await;
     assert_eq!(reply.status, 200, "{}", reply.text());
     assert_eq!(reply.json()["charged"], true);
     // Round 1 ended in text, round 2 (after the nudge) charged, round 3 confirmed.
@@ -147,7 +147,7 @@ async fn a_model_that_ends_without_charging_is_nudged_and_then_charges() {
 
 #[tokio::test]
 async fn a_model_that_never_charges_is_nudged_max_nudges_times_then_502() {
-    let (h, reply) = run("no-charge", |s| s.r#loop.max_nudges = 2).await;
+    let (h, reply) = run("no-charge", |s| s.assistant.max_nudges = 2).await;
     let problem = reply.problem(502);
     assert_eq!(problem["code"], "model_did_not_charge");
     assert_eq!(problem["attempts"], 1);

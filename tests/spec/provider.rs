@@ -179,7 +179,7 @@ both_backends!(
             // the second checkout is told in_use once, then gets the saved answer.
             s.request.backoff_min = Duration::from_millis(4_000);
             s.request.backoff_max = Duration::from_millis(4_000);
-            s.r#loop.retry.timeout = Duration::from_millis(10_000);
+            s.assistant.retry.timeout = Duration::from_millis(10_000);
         })
         .await;
         fake.fail_next(Fault::DelayExecution(Duration::from_millis(2_000)));
@@ -227,7 +227,7 @@ both_backends!(
         let fake = StripeFake::start().await;
         let h = harness(backend, &fake, |s| {
             s.payments.timeout = Duration::from_millis(10_000);
-            s.r#loop.retry.timeout = Duration::from_millis(2_500);
+            s.assistant.retry.timeout = Duration::from_millis(2_500);
         })
         .await;
         fake.fail_next(Fault::DelayAnswer(Duration::from_millis(8_000)));
@@ -249,7 +249,7 @@ both_backends!(
         let fake = StripeFake::start().await;
         let h = harness(backend, &fake, |s| {
             s.payments.max_retries = 0;
-            s.r#loop.retry.max_retries = 0;
+            s.assistant.retry.max_retries = 0;
         })
         .await;
         fake.fail_next(Fault::DropAnswer);
@@ -283,7 +283,7 @@ both_backends!(
         let fake = StripeFake::start().await;
         let h = harness(backend, &fake, |s| {
             s.payments.max_retries = 0;
-            s.r#loop.retry.max_retries = 0;
+            s.assistant.retry.max_retries = 0;
             s.payments.key_retention = Duration::ZERO;
         })
         .await;
@@ -315,7 +315,7 @@ both_backends!(
         let fake = StripeFake::start().await;
         let h = harness(backend, &fake, |s| {
             s.payments.max_retries = 0;
-            s.r#loop.retry.max_retries = 0;
+            s.assistant.retry.max_retries = 0;
             s.payments.key_retention = Duration::ZERO;
         })
         .await;
@@ -410,7 +410,7 @@ both_backends!(
         let fake = StripeFake::start().await;
         let h = harness(backend, &fake, |s| {
             s.payments.max_retries = 0;
-            s.r#loop.retry.max_retries = 0;
+            s.assistant.retry.max_retries = 0;
         })
         .await;
         fake.fail_next(Fault::DropAnswer);

@@ -72,9 +72,9 @@ impl std::fmt::Display for CloseConnection {
 
 impl std::error::Error for CloseConnection {}
 
-type Answer = Response<Full<Bytes>>;
+type Reply = Response<Full<Bytes>>;
 
-async fn handle(state: Arc<State>, request: Request<Incoming>) -> Result<Answer, CloseConnection> {
+async fn handle(state: Arc<State>, request: Request<Incoming>) -> Result<Reply, CloseConnection> {
     let path = request.uri().path();
     match (request.method(), path) {
         (&Method::POST, "/v1/chat/completions" | "/chat/completions") => {
@@ -99,7 +99,7 @@ async fn handle(state: Arc<State>, request: Request<Incoming>) -> Result<Answer,
     }
 }
 
-async fn completions(state: &State, request: Request<Incoming>) -> Result<Answer, CloseConnection> {
+async fn completions(state: &State, request: Request<Incoming>) -> Result<Reply, CloseConnection> {
     let number = state.requests.fetch_add(1, Ordering::SeqCst) + 1;
     if request.version() == hyper::Version::HTTP_2 {
         state.http2_requests.fetch_add(1, Ordering::SeqCst);
@@ -236,7 +236,7 @@ async fn completions(state: &State, request: Request<Incoming>) -> Result<Answer
     }
 }
 
-fn replayed(recording: &Recording) -> Answer {
+fn replayed(recording: &Recording) -> Reply {
     let mut answer = Response::builder().status(
         StatusCode::from_u16(recording.status).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR),
     );
@@ -248,7 +248,7 @@ fn replayed(recording: &Recording) -> Answer {
         .expect("a valid response")
 }
 
-fn json_answer(status: StatusCode, body: &serde_json::Value) -> Answer {
+fn json_answer(status: StatusCode, body: &serde_json::Value) -> Reply {
     Response::builder()
         .status(status)
         .header(CONTENT_TYPE, "application/json")
@@ -256,7 +256,7 @@ fn json_answer(status: StatusCode, body: &serde_json::Value) -> Answer {
         .expect("a valid response")
 }
 
-fn error_answer(status: StatusCode, code: &str, message: &str) -> Answer {
+fn error_answer(status: StatusCode, code: &str, message: &str) -> Reply {
     json_answer(
         status,
         &json!({"error": {"message": message, "type": code, "code": code}}),

@@ -174,9 +174,9 @@ pub fn test_settings(db: &TestDb, model: &ScriptedModel) -> Settings {
     s.request.timeout = Duration::from_millis(400);
     s.request.backoff_min = Duration::from_millis(5);
     s.request.backoff_max = Duration::from_millis(20);
-    s.r#loop.retry.timeout = Duration::from_millis(3_000);
-    s.r#loop.retry.backoff_min = Duration::from_millis(5);
-    s.r#loop.retry.backoff_max = Duration::from_millis(20);
+    s.assistant.retry.timeout = Duration::from_millis(3_000);
+    s.assistant.retry.backoff_min = Duration::from_millis(5);
+    s.assistant.retry.backoff_max = Duration::from_millis(20);
     s.server.timeout = Duration::from_millis(20_000);
     s.idempotency.lease = Duration::from_millis(1_000);
     // No API keys: these tests are about checkouts, and with `auto` an open service asks

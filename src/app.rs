@@ -1,0 +1,218 @@
+//! The app, built once: settings in, every part wired, the start-up lines said, the
+//! background workers started; then served until told to stop.
+
+mod announce;
+
+use std::future::Future;
+use std::net::SocketAddr;
+use std::time::Duration;
+
+use axum::Router;
+use tokio::net::TcpListener;
+use tokio::task::JoinSet;
+
+use crate::assistant::{self, AgentLoop, Assistant, LoopLimits, Memory, ToolBox};
+use crate::caller::{self, AuthMode};
+use crate::config::{ModelSource, Settings};
+use crate::db::{self, Database, OpenError};
+use crate::http::{self, AppState, ModelInfo, Parts};
+use crate::idempotency::{self, Records};
+use crate::journal::Journal;
+use crate::metrics::Metrics;
+use crate::model::scripted::{Script, ScriptedModel};
+use crate::model::{ModelClient, ModelEndpoint};
+use crate::outbox::{Dispatcher, MailTransport, Outbox};
+use crate::payments::stripe::Stripe;
+use crate::payments::{PaymentGateway, Receipts};
+
+/// Why the service could not start.
+#[derive(Debug, thiserror::Error)]
+pub enum StartError {
+    #[error(transparent)]
+    Database(#[from] OpenError),
+    #[error("cannot start the scripted model: {0}")]
+    ScriptedModel(std::io::Error),
+    #[error("cannot build the model client: {0}")]
+    ModelClient(tower::BoxError),
+    #[error("cannot build the payment provider's client: {0}")]
+    PaymentProvider(tower::BoxError),
+    /// Settings that would serve open where they must not: exit status 2, like any
+    /// setting that cannot work.
+    #[error("{0}")]
+    Setting(String),
+    #[error("cannot read the API keys: {0}")]
+    Keys(db::StoreError),
+    #[error("{0}")]
+    Mail(String),
+}
+
+/// The service, built and ready to serve.
+pub struct App {
+    state: AppState,
+    /// The built-in model, when no model endpoint is configured; it lives as long as the
+    /// app.
+    scripted: Option<ScriptedModel>,
+    /// The background workers: the idempotency sweeper, the mail dispatcher, the recovery
+    /// sweep (`CHECKOUT_RECOVERY`) and the API-key watch. Each runs until aborted.
+    workers: JoinSet<()>,
+}
+
+impl App {
+    /// Opens the database (applying migrations), starts the scripted model if no model
+    /// endpoint is configured, and builds the layers. Logs the resilience chain.
+    pub async fn build(settings: Settings) -> Result<App, StartError> {
+        let db = Database::open(&settings.database.url, &settings.database.pool).await?;
+        // With `off`, keys are not asked about, not even here.
+        let keys_exist = match settings.server.auth {
+            AuthMode::Off => false,
+            AuthMode::Auto | AuthMode::Required => {
+                caller::keys_exist(&db).await.map_err(StartError::Keys)?
+            }
+        };
+        check_callers(&settings, keys_exist)?;
+        let (endpoint, scripted) = match settings.model_source() {
+            ModelSource::Remote(endpoint) => (endpoint, None),
+            ModelSource::Scripted { faults, delay } => {
+                let script = Script {
+                    faults,
+                    delay,
+                    api_key: None,
+                };
+                let model = ScriptedModel::start(SocketAddr::from(([127, 0, 0, 1], 0)), script)
+                    .await
+                    .map_err(StartError::ScriptedModel)?;
+                let endpoint = ModelEndpoint {
+                    base_url: model.base_url(),
+                    api_key: None,
+                    model: settings.model.name.clone(),
+                    h2c: settings.model.h2c,
+                };
+                (endpoint, Some(model))
+            }
+        };
+        let info = ModelInfo {
+            provider: if scripted.is_some() { "scripted" } else { "openai-compatible" },
+            base_url: endpoint.base_url.clone(),
+            model: endpoint.model.clone(),
+            warning: scripted.is_some().then_some(
+                "the built-in scripted model is in use: no OPENAI_API_KEY or OPENAI_BASE_URL is set, so no real model is asked",
+            ),
+        };
+        let metrics = Metrics::new();
+        let client = ModelClient::new(&endpoint, &settings.request, &metrics)
+            .map_err(StartError::ModelClient)?;
+        let gateway = match settings.stripe() {
+            Some(stripe) => PaymentGateway::with_provider(
+                Receipts::new(&db),
+                Stripe::new(&stripe, &metrics).map_err(StartError::PaymentProvider)?,
+            ),
+            None => PaymentGateway::new(Receipts::new(&db)),
+        };
+        let limits = LoopLimits {
+            max_rounds: settings.assistant.max_rounds,
+            max_nudges: settings.assistant.max_nudges,
+            max_tokens: assistant::MAX_TOKENS,
+        };
+        let memory = Memory::new(
+            settings.assistant.journal.then(|| Journal::new(&db)),
+            settings.idempotency.ttl,
+        );
+        let outbox = Outbox::new(&db, settings.mail.from.clone());
+        let records = Records::new(&db);
+        let transport = MailTransport::new(&settings.mail).map_err(StartError::Mail)?;
+        let tools = ToolBox::new(gateway.clone(), outbox.clone(), metrics.clone());
+        let agent = AgentLoop::new(client, tools, memory, limits);
+        let assistant = Assistant::new(
+            agent,
+            &settings.assistant.retry,
+            settings.assistant.journal,
+            &metrics,
+            &endpoint.model,
+        );
+        announce::chain(&settings, &db, &info);
+        announce::callers(&settings, keys_exist);
+        announce::mail(&settings, &transport);
+        announce::recovery(&settings);
+
+        let gate = caller::Gate::new(
+            settings.server.auth,
+            settings.server.listen,
+            &db,
+            keys_exist,
+        );
+        let mut workers = JoinSet::new();
+        workers.spawn(
+            Dispatcher::new(
+                outbox.clone(),
+                transport,
+                settings.mail.clone(),
+                metrics.clone(),
+            )
+            .run(),
+        );
+        let sweep_every = (settings.idempotency.ttl / 4)
+            .clamp(Duration::from_millis(100), Duration::from_secs(60));
+        workers.spawn(idempotency::sweep_forever(records.clone(), sweep_every));
+        workers.spawn(gate.clone().watch_for_keys());
+        let recovering = settings.idempotency.recovery;
+        let state = AppState::new(Parts {
+            settings,
+            db,
+            gateway,
+            outbox,
+            records,
+            assistant,
+            model: info,
+            metrics,
+            gate,
+        });
+        if recovering {
+            workers.spawn(http::recovery::sweep_forever(state.clone()));
+        }
+        Ok(App {
+            state,
+            scripted,
+            workers,
+        })
+    }
+
+    pub fn router(&self) -> Router {
+        http::router(self.state.clone())
+    }
+
+    pub fn state(&self) -> &AppState {
+        &self.state
+    }
+
+    /// Serves until `shutdown` resolves, then lets in-flight checkouts finish.
+    pub async fn serve(
+        mut self,
+        listener: TcpListener,
+        shutdown: impl Future<Output = ()> + Send + 'static,
+    ) -> std::io::Result<()> {
+        let addr = listener.local_addr()?;
+        tracing::info!(%addr, "listening on http://{addr}");
+        axum::serve(listener, self.router())
+            .with_graceful_shutdown(async move {
+                shutdown.await;
+                tracing::info!("shutting down: finishing in-flight checkouts");
+            })
+            .await?;
+        self.workers.shutdown().await;
+        self.state.db().close().await;
+        drop(self.scripted);
+        tracing::info!("stopped");
+        Ok(())
+    }
+}
+
+/// `CHECKOUT_AUTH=auto` never serves open on an address others can reach.
+fn check_callers(settings: &Settings, keys_exist: bool) -> Result<(), StartError> {
+    let listen = settings.server.listen;
+    if settings.server.auth == AuthMode::Auto && !listen.ip().is_loopback() && !keys_exist {
+        return Err(StartError::Setting(format!(
+            "CHECKOUT_AUTH=auto serves without API keys only on a loopback address, and no API key exists: on {listen} anyone who can reach the port could charge orders. Make a key first (checkout api-keys create NAME), or set CHECKOUT_AUTH=required, or CHECKOUT_AUTH=off to serve open on {listen} on purpose"
+        )));
+    }
+    Ok(())
+}

@@ -1,0 +1,187 @@
+//! The start-up lines: what the service is about to do, said once, before it listens.
+//! The resilience chain is numbered outermost first, each layer with its unit and numbers.
+
+use crate::caller::{self, AuthMode};
+use crate::config::Settings;
+use crate::db::Database;
+use crate::http::ModelInfo;
+use crate::outbox::MailTransport;
+
+/// The start-up line of the recovery sweep.
+pub(super) fn recovery(settings: &Settings) {
+    let idempotency = &settings.idempotency;
+    if idempotency.recovery {
+        tracing::info!(
+            max_attempts = idempotency.recovery_max_attempts,
+            "recovery sweep: every {} ms, an operation whose lease lapsed unfinished at least {} ms ago (its instance died, or its client left after a transient failure) is taken over, resumed from its journal and its answer saved for the client's retry; at most {} time(s), then it is marked as needing attention and logged at error level",
+            idempotency.lease.as_millis(),
+            idempotency.lease.as_millis(),
+            idempotency.recovery_max_attempts
+        );
+    } else {
+        tracing::warn!(
+            "recovery sweep: off (CHECKOUT_RECOVERY=false): an operation whose instance died is resumed only by its client's retry with the same Idempotency-Key"
+        );
+    }
+}
+
+/// The start-up line that says where confirmation emails go.
+pub(super) fn mail(settings: &Settings, transport: &MailTransport) {
+    let mail = &settings.mail;
+    let from = mail.from.to_string();
+    match transport {
+        MailTransport::Smtp(_) => tracing::info!(
+            smtp = mail.shown_url().unwrap_or_default(),
+            from,
+            "confirmation emails: sent to the SMTP server {} (pooled), from {from}; a transient failure is retried up to {} attempts, backoff {}..{} ms; a message claimed by an instance that died is sent again after {} ms, with the same Message-ID",
+            mail.shown_url().unwrap_or_default(),
+            mail.max_attempts,
+            mail.backoff_min.as_millis(),
+            mail.backoff_max.as_millis(),
+            mail.lease.as_millis()
+        ),
+        MailTransport::Files(dir) => tracing::warn!(
+            dir = %dir.display(),
+            from,
+            "confirmation emails: no CHECKOUT_SMTP_URL is set, so no email leaves this machine: each message is written as <message-id>.eml in {}",
+            dir.display()
+        ),
+    }
+}
+
+/// The start-up line that says who may call.
+pub(super) fn callers(settings: &Settings, keys_exist: bool) {
+    let listen = settings.server.listen;
+    let mode = settings.server.auth.as_str();
+    match settings.server.auth {
+        AuthMode::Off => tracing::warn!(
+            auth = mode,
+            "callers: CHECKOUT_AUTH=off: /checkout and /receipts are open to anyone who can reach {listen}; no API key is read"
+        ),
+        AuthMode::Required => tracing::info!(
+            auth = mode,
+            "callers: an API key is required on /checkout and /receipts (CHECKOUT_AUTH=required){}",
+            if keys_exist {
+                ""
+            } else {
+                "; none exists yet, so every request is refused until one is made (checkout api-keys create NAME)"
+            }
+        ),
+        AuthMode::Auto if keys_exist => tracing::info!(
+            auth = mode,
+            "callers: an API key is required on /checkout and /receipts (CHECKOUT_AUTH=auto, and keys exist)"
+        ),
+        AuthMode::Auto => tracing::warn!(
+            auth = mode,
+            "callers: open, no API key asked for (CHECKOUT_AUTH=auto, no key exists yet, {listen} is loopback); within {} ms of the first `checkout api-keys create NAME`, every request needs a key",
+            caller::KEYS_REFRESH.as_millis()
+        ),
+    }
+}
+
+/// The start-up lines: the database, the model, and the resilience chain, outermost
+/// first, each layer with its unit, its numbers and what it retries.
+pub(super) fn chain(settings: &Settings, db: &Database, model: &ModelInfo) {
+    tracing::info!(database = db.kind(), "receipts are kept in {}", db.kind());
+    match model.warning {
+        Some(warning) => tracing::warn!(base_url = %model.base_url, "{warning}"),
+        None => {
+            tracing::info!(base_url = %model.base_url, model = %model.model, "model provider: OpenAI-compatible")
+        }
+    }
+    let ms = |d: std::time::Duration| d.as_millis() as u64;
+    tracing::info!(
+        layer = 1,
+        unit = "the whole operation",
+        "resilience chain, outermost first: [1] client POST + Idempotency-Key: the client may retry; a key's finished answer is replayed for {} s, a key in flight is held by a {} ms lease, a transient failure leaves the key usable",
+        settings.idempotency.ttl.as_secs(),
+        ms(settings.idempotency.lease)
+    );
+    tracing::info!(
+        layer = 2,
+        unit = "one HTTP request",
+        timeout_ms = ms(settings.server.timeout),
+        "[2] server timeout: {} ms per HTTP request (the loop layers' worst case is {} ms)",
+        ms(settings.server.timeout),
+        ms(settings.loop_worst_case())
+    );
+    tracing::info!(
+        layer = 3,
+        unit = "the whole assistant loop, tools included",
+        max_retries = settings.assistant.retry.max_retries,
+        journal = settings.assistant.journal,
+        "[3] loop retry: repeats the whole assistant loop up to {} more time(s), backoff {}..{} ms; on a loop timeout, a model failure the request retry could not mend, a transient database error, a payment provider that gave no outcome; never on a model 4xx, invalid input, amount_conflict, model_did_not_charge, a declined payment. {}",
+        settings.assistant.retry.max_retries,
+        ms(settings.assistant.retry.backoff_min),
+        ms(settings.assistant.retry.backoff_max),
+        if settings.assistant.journal {
+            "Journal on: a repeat (and a client's retry with the same Idempotency-Key, or another instance's) resumes from the journal, replaying the steps that ended instead of asking the model again"
+        } else {
+            "Journal off (CHECKOUT_JOURNAL=false): every repeat starts the loop over"
+        }
+    );
+    tracing::info!(
+        layer = 4,
+        unit = "one run of the assistant loop",
+        timeout_ms = ms(settings.assistant.retry.timeout),
+        "[4] loop timeout: {} ms per run of the loop, at most {} model rounds; a model that ends without charging is asked again up to {} time(s) before model_did_not_charge",
+        ms(settings.assistant.retry.timeout),
+        settings.assistant.max_rounds,
+        settings.assistant.max_nudges
+    );
+    tracing::info!(
+        layer = 5,
+        unit = "one chat-completions HTTP request",
+        max_retries = settings.request.max_retries,
+        "[5] request retry: repeats one model request up to {} more time(s), backoff {}..{} ms with jitter, Retry-After honoured up to {} ms, retry budget {}% + {}/s shared by all requests; on connect errors, timeouts, 408, 429 (not insufficient_quota), 500, 502, 503, 504; never on 400, 401, 403, 404, 422",
+        settings.request.max_retries,
+        ms(settings.request.backoff_min),
+        ms(settings.request.backoff_max),
+        ms(settings.request.retry_after_max),
+        settings.request.budget_percent,
+        settings.request.budget_min_per_sec
+    );
+    tracing::info!(
+        layer = 6,
+        unit = "one chat-completions HTTP request",
+        timeout_ms = ms(settings.request.timeout),
+        "[6] request timeout: {} ms per model request",
+        ms(settings.request.timeout)
+    );
+    match settings.stripe() {
+        None => tracing::info!(
+            provider = "ledger",
+            "payment provider: ledger (CHECKOUT_PAYMENT_PROVIDER=ledger): the receipts table is the record of charges; no money moves elsewhere"
+        ),
+        Some(stripe) => {
+            tracing::info!(
+                provider = "stripe",
+                base_url = %stripe.base_url,
+                "payment provider: stripe at {}: each charge commits an intent (order, amount, currency, payment method, attempt), then POST /v1/payment_intents with Idempotency-Key = charge key + attempt and the intent's parameters, then the receipt. An intent left open is re-sent by the next run of any unit within the key retention ({} s), looked up by its metadata after it, never charged anew",
+                stripe.base_url,
+                stripe.key_retention.as_secs()
+            );
+            tracing::info!(
+                layer = 7,
+                unit = "one payment-provider HTTP request",
+                max_retries = stripe.max_retries,
+                "[7] provider retry: re-sends one payment-provider request with the same Idempotency-Key and parameters up to {} more time(s), backoff {}..{} ms; on timeouts, dropped connections, 409 idempotency_key_in_use, 429, 5xx, then looks the payment up; never on 402 (declined: the attempt ends) or another 4xx (400 idempotency_error is a bug: 502)",
+                stripe.max_retries,
+                ms(stripe.backoff_min),
+                ms(stripe.backoff_max)
+            );
+            tracing::info!(
+                layer = 8,
+                unit = "one payment-provider HTTP request",
+                timeout_ms = ms(stripe.timeout),
+                "[8] provider timeout: {} ms per payment-provider request",
+                ms(stripe.timeout)
+            );
+        }
+    }
+    if settings.assistant.retry.max_retries > 0 && !settings.assistant.journal {
+        tracing::warn!(
+            "the loop retry re-runs tools that already ran, the charge included; it cannot double-charge here because every attempt charges with the charge key the handler made from the order id before the first attempt, and the receipts table's unique order_id hands a repeated charge the first receipt"
+        );
+    }
+}

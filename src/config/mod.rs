@@ -1,0 +1,345 @@
+//! Settings: defaults ← config file ← environment ← command line.
+//!
+//! Every setting has one file key and one environment variable (the table in
+//! `SETTINGS`); a bad value is one error naming both, and the process exits with 2.
+//! The sections are here, the table of names in `table.rs`, the reading in `load.rs`.
+
+mod load;
+mod table;
+#[cfg(test)]
+mod tests;
+
+pub use load::{ConfigError, SettingError, Sources};
+pub use table::SETTINGS;
+
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::time::Duration;
+
+use crate::assistant::LoopRetrySettings;
+use crate::caller::AuthMode;
+use crate::db::PoolSettings;
+use crate::model::scripted::FaultRule;
+use crate::model::{ModelEndpoint, RequestRetrySettings};
+use crate::outbox::MailSettings;
+use crate::payments::stripe::StripeSettings;
+use crate::secret::Secret;
+use crate::telemetry::LogFormat;
+
+pub const DEFAULT_CONFIG: &str = "config/default.toml";
+pub const OPENAI_BASE_URL: &str = "https://api.openai.com/v1";
+pub const STRIPE_BASE_URL: &str = "https://api.stripe.com";
+
+/// Every setting, nested by the part of the service it concerns. A section that one part
+/// of the service takes whole is that part's own type (the request retry's, the loop
+/// retry's, the pool's), so the settings reach it without being copied field by field.
+#[derive(Clone, Debug)]
+pub struct Settings {
+    pub server: ServerSettings,
+    pub payments: PaymentSettings,
+    pub database: DatabaseSettings,
+    pub model: ModelSettings,
+    /// One chat-completions request: its timeout and retry.
+    pub request: RequestRetrySettings,
+    /// The whole assistant loop: its timeout, retry and rounds.
+    pub assistant: AssistantSettings,
+    pub idempotency: IdempotencySettings,
+    /// The built-in model, when no provider is configured.
+    pub scripted: ScriptedSettings,
+    /// The confirmation email: where it goes, from whom, how it is retried.
+    pub mail: MailSettings,
+    pub log_format: LogFormat,
+}
+
+/// The HTTP server.
+#[derive(Clone, Debug)]
+pub struct ServerSettings {
+    pub listen: SocketAddr,
+    /// The most one HTTP request may take.
+    pub timeout: Duration,
+    pub body_limit_bytes: usize,
+    /// When a caller must send an API key (`CHECKOUT_AUTH`).
+    pub auth: AuthMode,
+}
+
+#[derive(Clone, Debug)]
+pub struct PaymentSettings {
+    /// The largest amount accepted, in whole units of the currency.
+    pub max_amount: u64,
+    /// Who moves the money (`CHECKOUT_PAYMENT_PROVIDER`).
+    pub provider: PaymentProvider,
+    pub stripe_base_url: String,
+    /// Required with `stripe`; a secret, never logged.
+    pub stripe_api_key: Option<Secret>,
+    /// How long the provider keeps an idempotency key's result (Stripe: 24 h).
+    pub key_retention: Duration,
+    /// One request to the provider: its timeout and retries.
+    pub timeout: Duration,
+    pub max_retries: u32,
+}
+
+/// Who moves the money.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum PaymentProvider {
+    /// The receipts table is the ledger; nothing else is asked (the default).
+    Ledger,
+    /// Stripe's PaymentIntents API, or a server speaking its subset.
+    Stripe,
+}
+
+impl PaymentProvider {
+    fn parse(v: &str) -> Result<PaymentProvider, String> {
+        match v {
+            "ledger" => Ok(PaymentProvider::Ledger),
+            "stripe" => Ok(PaymentProvider::Stripe),
+            _ => Err(format!("{v:?} is neither ledger nor stripe")),
+        }
+    }
+}
+
+#[derive(Clone, Debug)]
+pub struct DatabaseSettings {
+    pub url: String,
+    pub pool: PoolSettings,
+}
+
+/// Which model, where; see [`Settings::provider`].
+#[derive(Clone, Debug)]
+pub struct ModelSettings {
+    pub base_url: Option<String>,
+    pub api_key: Option<Secret>,
+    pub name: String,
+    pub h2c: bool,
+}
+
+#[derive(Clone, Debug)]
+pub struct AssistantSettings {
+    pub retry: LoopRetrySettings,
+    /// Model rounds (requests) per loop attempt.
+    pub max_rounds: u32,
+    /// Times a model that ends without charging is asked again to charge.
+    pub max_nudges: u32,
+    /// Journal every step, so that a retry resumes the loop instead of restarting it.
+    pub journal: bool,
+}
+
+#[derive(Clone, Debug)]
+pub struct IdempotencySettings {
+    /// How long a key and its answer are kept.
+    pub ttl: Duration,
+    /// How long a key's owner holds it unrenewed.
+    pub lease: Duration,
+    /// The recovery sweep: resume operations whose lease lapsed unfinished.
+    pub recovery: bool,
+    /// Times the sweep resumes one operation before it marks it as needing attention.
+    pub recovery_max_attempts: u32,
+}
+
+#[derive(Clone, Debug)]
+pub struct ScriptedSettings {
+    pub faults: Vec<FaultRule>,
+    pub delay: Duration,
+}
+
+/// Which model the service talks to.
+#[derive(Clone, Debug)]
+pub enum ModelSource {
+    /// No key and no base URL: the built-in scripted model, started on loopback.
+    Scripted {
+        faults: Vec<FaultRule>,
+        delay: Duration,
+    },
+    /// OpenAI or any compatible server.
+    Remote(ModelEndpoint),
+}
+
+impl Default for Settings {
+    fn default() -> Self {
+        Settings {
+            server: ServerSettings {
+                listen: SocketAddr::from(([127, 0, 0, 1], 8080)),
+                timeout: Duration::from_millis(100_000),
+                body_limit_bytes: 16 * 1024,
+                auth: AuthMode::Auto,
+            },
+            payments: PaymentSettings {
+                max_amount: 1_000_000,
+                provider: PaymentProvider::Ledger,
+                stripe_base_url: STRIPE_BASE_URL.into(),
+                stripe_api_key: None,
+                key_retention: Duration::from_secs(24 * 60 * 60),
+                timeout: Duration::from_millis(10_000),
+                max_retries: 2,
+            },
+            database: DatabaseSettings {
+                url: "sqlite://checkout.db".into(),
+                pool: PoolSettings {
+                    max_connections: 16,
+                    acquire_timeout: Duration::from_millis(2_000),
+                },
+            },
+            model: ModelSettings {
+                base_url: None,
+                api_key: None,
+                name: "gpt-4o-mini".into(),
+                h2c: false,
+            },
+            request: RequestRetrySettings {
+                timeout: Duration::from_millis(10_000),
+                max_retries: 2,
+                backoff_min: Duration::from_millis(200),
+                backoff_max: Duration::from_millis(2_000),
+                retry_after_max: Duration::from_millis(5_000),
+                budget_percent: 20,
+                budget_min_per_sec: 10,
+            },
+            assistant: AssistantSettings {
+                retry: LoopRetrySettings {
+                    timeout: Duration::from_millis(30_000),
+                    max_retries: 2,
+                    backoff_min: Duration::from_millis(100),
+                    backoff_max: Duration::from_millis(1_000),
+                },
+                max_rounds: 10,
+                max_nudges: 2,
+                journal: true,
+            },
+            idempotency: IdempotencySettings {
+                ttl: Duration::from_secs(24 * 60 * 60),
+                lease: Duration::from_millis(10_000),
+                recovery: true,
+                recovery_max_attempts: 3,
+            },
+            scripted: ScriptedSettings {
+                faults: Vec::new(),
+                delay: Duration::ZERO,
+            },
+            mail: MailSettings {
+                smtp_url: None,
+                dir: PathBuf::from("mail"),
+                from: "checkout@localhost".parse().expect("a mailbox"),
+                lease: Duration::from_millis(60_000),
+                max_attempts: 8,
+                backoff_min: Duration::from_millis(1_000),
+                backoff_max: Duration::from_millis(300_000),
+            },
+            log_format: LogFormat::Text,
+        }
+    }
+}
+
+impl Settings {
+    /// Combinations that cannot work.
+    fn check(&self) -> Result<(), ConfigError> {
+        let ms = |d: Duration| d.as_millis();
+        if self.assistant.retry.timeout <= self.request.timeout {
+            return Err(ConfigError::Combination(format!(
+                "CHECKOUT_LOOP_TIMEOUT_MS ({}) must be longer than CHECKOUT_REQUEST_TIMEOUT_MS ({}): a loop that cannot outlast one model request can never finish a round",
+                ms(self.assistant.retry.timeout),
+                ms(self.request.timeout)
+            )));
+        }
+        let worst = self.loop_worst_case();
+        if self.server.timeout < worst {
+            return Err(ConfigError::Combination(format!(
+                "CHECKOUT_SERVER_TIMEOUT_MS ({}) is shorter than the worst case of the loop layers inside it ({} = {} loop attempts x {} ms + backoff): the server would cut off a checkout its own retries still run",
+                ms(self.server.timeout),
+                ms(worst),
+                self.assistant.retry.max_retries + 1,
+                ms(self.assistant.retry.timeout)
+            )));
+        }
+        if self.request.backoff_min > self.request.backoff_max {
+            return Err(ConfigError::Combination(
+                "CHECKOUT_REQUEST_BACKOFF_MS must not exceed CHECKOUT_REQUEST_BACKOFF_MAX_MS"
+                    .into(),
+            ));
+        }
+        if self.assistant.retry.backoff_min > self.assistant.retry.backoff_max {
+            return Err(ConfigError::Combination(
+                "CHECKOUT_LOOP_BACKOFF_MS must not exceed CHECKOUT_LOOP_BACKOFF_MAX_MS".into(),
+            ));
+        }
+        if self.mail.backoff_min > self.mail.backoff_max {
+            return Err(ConfigError::Combination(
+                "CHECKOUT_MAIL_BACKOFF_MS must not exceed CHECKOUT_MAIL_BACKOFF_MAX_MS".into(),
+            ));
+        }
+        if self.idempotency.ttl <= self.server.timeout {
+            return Err(ConfigError::Combination(format!(
+                "CHECKOUT_IDEMPOTENCY_TTL_SECS ({} s) must be longer than CHECKOUT_SERVER_TIMEOUT_MS ({} ms): a key must outlive the request that holds it",
+                self.idempotency.ttl.as_secs(),
+                ms(self.server.timeout)
+            )));
+        }
+        if let ModelSource::Remote(endpoint) = self.model_source()
+            && self.model.h2c
+            && !endpoint.base_url.starts_with("http://")
+        {
+            return Err(ConfigError::Combination(format!(
+                "CHECKOUT_MODEL_H2C applies to an http:// model URL, not {}: over https the provider and the client agree on HTTP/2 themselves (ALPN)",
+                endpoint.base_url
+            )));
+        }
+        if self.payments.provider == PaymentProvider::Stripe
+            && self.payments.stripe_api_key.is_none()
+        {
+            return Err(SettingError {
+                env: "STRIPE_API_KEY",
+                key: "stripe_api_key",
+                message: "is required with CHECKOUT_PAYMENT_PROVIDER=stripe (a test-mode key sk_test_… to try it)".into(),
+            }
+            .into());
+        }
+        let scripted_options = !self.scripted.faults.is_empty() || !self.scripted.delay.is_zero();
+        if scripted_options && matches!(self.model_source(), ModelSource::Remote(_)) {
+            return Err(ConfigError::Combination(
+                "CHECKOUT_SCRIPTED_FAULTS and CHECKOUT_SCRIPTED_DELAY_MS apply to the scripted model, but OPENAI_API_KEY or OPENAI_BASE_URL is set".into(),
+            ));
+        }
+        Ok(())
+    }
+
+    /// The longest the loop layers can take: every attempt timing out, with the longest
+    /// backoff between attempts.
+    pub fn loop_worst_case(&self) -> Duration {
+        let retry = &self.assistant.retry;
+        retry.timeout * (retry.max_retries + 1) + retry.backoff_max * retry.max_retries
+    }
+
+    /// The payment provider's settings, when one takes the payments.
+    pub fn stripe(&self) -> Option<StripeSettings> {
+        let payments = &self.payments;
+        if payments.provider != PaymentProvider::Stripe {
+            return None;
+        }
+        Some(StripeSettings {
+            base_url: payments.stripe_base_url.clone(),
+            api_key: payments.stripe_api_key.clone()?,
+            timeout: payments.timeout,
+            max_retries: payments.max_retries,
+            backoff_min: self.request.backoff_min,
+            backoff_max: self.request.backoff_max,
+            key_retention: payments.key_retention,
+        })
+    }
+
+    pub fn model_source(&self) -> ModelSource {
+        let model = &self.model;
+        if model.api_key.is_none() && model.base_url.is_none() {
+            return ModelSource::Scripted {
+                faults: self.scripted.faults.clone(),
+                delay: self.scripted.delay,
+            };
+        }
+        ModelSource::Remote(ModelEndpoint {
+            base_url: model
+                .base_url
+                .clone()
+                .unwrap_or_else(|| OPENAI_BASE_URL.to_owned()),
+            api_key: model.api_key.clone(),
+            model: model.name.clone(),
+            h2c: model.h2c,
+        })
+    }
+}

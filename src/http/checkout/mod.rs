@@ -1,0 +1,151 @@
+//! `POST /checkout`: validate, make the keys, run the assistant, answer.
+//!
+//! The handler and the run come first; the input it reads is in `input.rs`, the answer
+//! it writes in `outcome.rs`, the error examples of the API document in `examples.rs`.
+
+mod examples;
+mod input;
+mod outcome;
+
+pub use examples::CheckoutErrors;
+pub(crate) use input::rebuild;
+pub use input::{CheckoutBody, CheckoutQuery, Format, JsonAmount};
+use input::{order, recipient};
+pub use outcome::{CheckoutResponse, UsageView};
+use outcome::{failure, success};
+
+use axum::extract::{Extension, State};
+use axum::response::{IntoResponse, Response};
+
+use crate::assistant::CheckoutContext;
+use crate::caller::Caller;
+use crate::http::answer::HttpAnswer;
+use crate::http::error::Code;
+use crate::http::extract::{JsonBody, Params};
+use crate::http::idempotent::{self, IdempotencyKey};
+use crate::http::state::AppState;
+use crate::idempotency::{Fingerprint, Lease};
+use crate::outbox::{Confirmation, Recipient};
+use crate::payments::{OperationKey, Order};
+
+#[utoipa::path(
+    post,
+    path = "/checkout",
+    tag = "checkout",
+    summary = "Charge an order through the checkout assistant",
+    description = "Runs the assistant loop: the model calls the `charge` tool, the gateway charges the order once (keyed by the order id), the model confirms. Give the order as query parameters or as a JSON body; a field given in both must agree. Send `Accept: text/plain` for the confirmation sentence alone.",
+    params(CheckoutQuery, IdempotencyKey),
+    security(("api_key" = [])),
+    request_body(
+        content = Option<CheckoutBody>,
+        content_type = "application/json",
+        description = "The order, instead of query parameters. An empty object (or no body) leaves the query parameters to say it.",
+        examples(
+            ("query parameters only" = (summary = "The order is in the query parameters", value = json!({}))),
+            ("the order in the body" = (summary = "The order as a JSON body", value = json!({"orderId": "A-100", "amount": "42.50", "currency": "USD"}))),
+        )
+    ),
+    responses(
+        (status = 200, description = "The order is charged (now, or by an earlier operation)", content(
+            (CheckoutResponse = "application/json"),
+            (String = "text/plain", example = "Your payment of 42.50 USD for order A-100 went through; your receipt is 0193a8f0-5f2c-7cc1-9d7e-3c1a2b4d5e6f.")
+        )),
+        CheckoutErrors,
+    )
+)]
+pub async fn checkout(
+    State(app): State<AppState>,
+    caller: Option<Extension<Caller>>,
+    format: Format,
+    IdempotencyKey(client_key): IdempotencyKey,
+    Params(mut query): Params<CheckoutQuery>,
+    JsonBody(mut body): JsonBody<CheckoutBody>,
+) -> Response {
+    let needs_method = app.gateway().needs_payment_method();
+    let email = recipient(query.email.take(), body.email.take());
+    let checked = order(
+        query,
+        body,
+        app.settings().payments.max_amount,
+        needs_method,
+    )
+    .and_then(|order| Ok((order, email?)));
+    let (order, email) = match checked {
+        Ok(checked) => checked,
+        Err(problem) => {
+            app.metrics().checkout(Code::InvalidRequest.as_str());
+            return problem.into_response();
+        }
+    };
+    match client_key {
+        Some(key) => {
+            let scope = caller.map(|Extension(c)| c.0).unwrap_or_default();
+            let mut fingerprint = Fingerprint::of_checkout(&order).with_email(email.as_ref());
+            if format == Format::Text {
+                // Kept with the request for the recovery sweep; not part of its identity.
+                fingerprint = fingerprint.noting("accept", "text/plain");
+            }
+            let work = {
+                let (app, key, scope) = (app.clone(), key.clone(), scope.clone());
+                move |lease: &Lease| {
+                    let fence = Some(lease.fence);
+                    async move { run(&app, order, email, key, &scope, fence, format).await }
+                }
+            };
+            // Boxed, like the failure path: a handler future is as large as its largest
+            // branch, and thousands of checkouts wait at once.
+            Box::pin(idempotent::once(&app, &scope, &key, &fingerprint, work)).await
+        }
+        None => {
+            let operation_key = OperationKey::mint();
+            idempotent::detached(async move {
+                run(&app, order, email, operation_key, "", None, format).await
+            })
+            .await
+            .into_response()
+        }
+    }
+}
+
+/// Runs one checkout to its answer. Everything retried happens inside `assistant`. The
+/// operation is the caller's (`scope`), under its Idempotency-Key lease's `fence` if any.
+pub(crate) async fn run(
+    app: &AppState,
+    order: Order,
+    email: Option<Recipient>,
+    operation_key: OperationKey,
+    scope: &str,
+    fence: Option<i64>,
+    format: Format,
+) -> HttpAnswer {
+    let ctx = CheckoutContext::new(order, email, operation_key, scope, fence);
+    match app.assistant().checkout(ctx.clone()).await {
+        Ok(outcome) => {
+            app.metrics().checkout("ok");
+            let confirmation = Box::pin(confirmation(app, &ctx)).await;
+            success(&ctx, outcome, confirmation, format)
+        }
+        Err(err) => {
+            let problem = Box::pin(failure(app, &ctx, err)).await;
+            app.metrics().checkout(problem.body.code.as_str());
+            problem.answer()
+        }
+    }
+}
+
+/// The operation's confirmation email as it stands, when the request named an address.
+async fn confirmation(app: &AppState, ctx: &CheckoutContext) -> Option<Confirmation> {
+    ctx.email()?;
+    let key = ctx.journal_key();
+    match app
+        .outbox()
+        .confirmation(&key.scope, &key.operation_key)
+        .await
+    {
+        Ok(confirmation) => confirmation,
+        Err(err) => {
+            tracing::warn!(error = %err, "cannot read the confirmation's outbox row; the answer leaves it out");
+            None
+        }
+    }
+}

@@ -1,0 +1,239 @@
+//! What a checkout answers: the confirmed checkout, or the problem saying which layer
+//! gave up and whether the order is charged.
+
+use axum::http::StatusCode;
+use serde::Serialize;
+use utoipa::ToSchema;
+
+use super::input::Format;
+use crate::assistant::{
+    ChargeStatus, CheckoutContext, CheckoutError, CheckoutOutcome, FailureKind, JournalFailure,
+    Usage,
+};
+use crate::http::answer::HttpAnswer;
+use crate::http::error::{Code, Problem};
+use crate::http::receipts::ReceiptView;
+use crate::http::state::AppState;
+use crate::outbox::Confirmation;
+use crate::payments::ChargeError;
+
+/// A confirmed checkout.
+#[derive(Serialize, ToSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct CheckoutResponse {
+    #[schema(example = "A-100")]
+    pub order_id: String,
+    #[schema(example = "42.50")]
+    pub amount: String,
+    #[schema(example = "USD")]
+    pub currency: String,
+    /// The assistant's one-sentence confirmation.
+    pub message: String,
+    pub receipt: ReceiptView,
+    /// True when this operation made the charge; false when the order had been charged
+    /// by an earlier operation and its receipt is returned instead.
+    pub charged: bool,
+    /// Runs of the assistant loop it took (more than 1 when the loop retry stepped in).
+    #[schema(example = 1)]
+    pub attempts: u32,
+    /// The `Idempotency-Key` sent, or the UUIDv7 minted for this operation.
+    pub operation_key: String,
+    pub usage: UsageView,
+    /// The confirmation email, when the request named an `email` and the assistant sent
+    /// it: queued or sent, and its Message-ID.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub confirmation: Option<Confirmation>,
+}
+
+/// What the checkout cost the model provider, and what resuming from the journal saved.
+#[derive(Serialize, ToSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct UsageView {
+    /// Chat-completions requests this operation sent (retries included; none for steps
+    /// replayed from the journal).
+    #[schema(example = 2)]
+    pub model_requests: u32,
+    /// Model answers and tool results taken from the journal instead of run again (a
+    /// retry that resumed).
+    #[schema(example = 0)]
+    pub replayed_steps: u32,
+    /// Input (prompt) tokens of the answers received, as the provider reported them.
+    #[schema(example = 412)]
+    pub input_tokens: u64,
+    /// Output (completion) tokens, as the provider reported them.
+    #[schema(example = 57)]
+    pub output_tokens: u64,
+}
+
+impl From<Usage> for UsageView {
+    fn from(usage: Usage) -> Self {
+        UsageView {
+            model_requests: usage.model_requests,
+            replayed_steps: usage.replayed_steps,
+            input_tokens: usage.input_tokens,
+            output_tokens: usage.output_tokens,
+        }
+    }
+}
+
+pub(super) fn success(
+    ctx: &CheckoutContext,
+    outcome: CheckoutOutcome,
+    confirmation: Option<Confirmation>,
+    format: Format,
+) -> HttpAnswer {
+    let usage = outcome.usage;
+    tracing::info!(
+        order = %ctx.order().id(),
+        receipt = %outcome.receipt.id,
+        charged = outcome.charged,
+        attempts = outcome.attempts,
+        model_requests = usage.model_requests,
+        replayed_steps = usage.replayed_steps,
+        input_tokens = usage.input_tokens,
+        output_tokens = usage.output_tokens,
+        "checkout confirmed"
+    );
+    match format {
+        Format::Text => {
+            HttpAnswer::new(StatusCode::OK, "text/plain; charset=utf-8", outcome.message)
+        }
+        Format::Json => {
+            let amount = ctx.order().amount();
+            let body = CheckoutResponse {
+                order_id: ctx.order().id().to_string(),
+                amount: amount.decimal(),
+                currency: amount.currency().code().to_owned(),
+                message: outcome.message,
+                receipt: ReceiptView::from(&outcome.receipt),
+                charged: outcome.charged,
+                attempts: outcome.attempts,
+                operation_key: ctx.operation_key().to_string(),
+                usage: UsageView::from(usage),
+                confirmation,
+            };
+            HttpAnswer::json(StatusCode::OK, &body)
+        }
+    }
+}
+
+/// The error answer, saying which layer gave up and whether the order is charged.
+pub(super) async fn failure(app: &AppState, ctx: &CheckoutContext, err: CheckoutError) -> Problem {
+    let usage = ctx.usage();
+    tracing::warn!(
+        order = %ctx.order().id(),
+        error = %err,
+        cause = ?std::error::Error::source(&err),
+        model_requests = usage.model_requests,
+        replayed_steps = usage.replayed_steps,
+        input_tokens = usage.input_tokens,
+        output_tokens = usage.output_tokens,
+        "checkout failed"
+    );
+    if let Some(existing) = err.kind.amount_conflict() {
+        let mut problem = Problem::new(
+            Code::AmountConflict,
+            format!("{}; nothing was charged", err.kind),
+        );
+        let body = &mut problem.body;
+        body.order_charged = Some(Some(true));
+        body.receipt_id = Some(existing.id.to_string());
+        body.charged_amount = Some(existing.amount.decimal());
+        body.charged_currency = Some(existing.amount.currency().code().to_owned());
+        return problem;
+    }
+    match err.kind.charge_error() {
+        Some(ChargeError::Declined {
+            decline_code,
+            payment_id,
+            ..
+        }) => {
+            let mut problem = Problem::new(
+                Code::PaymentDeclined,
+                format!(
+                    "{}; the order was not charged; a new checkout of it makes a new attempt",
+                    err.kind
+                ),
+            );
+            problem.body.decline_code = Some(decline_code.clone());
+            problem.body.payment_id = payment_id.clone();
+            problem.body.attempts = Some(err.attempts);
+            problem.body.order_charged = Some(Some(false));
+            problem.body.charged = Some(Some(false));
+            return problem;
+        }
+        Some(ChargeError::RequiresAction { payment_id }) => {
+            let mut problem = Problem::new(
+                Code::PaymentRequiresAction,
+                format!("{}; the order was not charged", err.kind),
+            );
+            problem.body.payment_id = Some(payment_id.clone());
+            problem.body.attempts = Some(err.attempts);
+            problem.body.order_charged = Some(Some(false));
+            problem.body.charged = Some(Some(false));
+            return problem;
+        }
+        _ => {}
+    }
+    let code = match &err.kind {
+        FailureKind::Timeout(_) => Code::DeadlineExceeded,
+        FailureKind::Model(_) if err.kind.is_deadline() => Code::DeadlineExceeded,
+        FailureKind::Model(_) | FailureKind::TooManyRounds(_) => Code::ModelError,
+        FailureKind::ModelDidNotCharge => Code::ModelDidNotCharge,
+        FailureKind::Tool(_)
+            if matches!(
+                err.kind.charge_error(),
+                Some(ChargeError::Provider(_) | ChargeError::NoPaymentMethod)
+            ) =>
+        {
+            Code::ProviderError
+        }
+        // An amount conflict was answered above: what is left is the database.
+        FailureKind::Tool(_) | FailureKind::Journal(JournalFailure::Store(_)) => Code::Unavailable,
+        FailureKind::Journal(JournalFailure::LeaseLost) => Code::InFlight,
+        FailureKind::Journal(JournalFailure::Mismatch { .. }) => Code::JournalMismatch,
+    };
+    let report = ctx.charge_report(app.gateway()).await;
+    // No receipt, but the provider may have charged under the intent it was sent: unknown
+    // until a run settles the intent with its key.
+    let intent_open = matches!(
+        err.kind.charge_error(),
+        Some(ChargeError::Provider(provider)) if !provider.charged_nothing()
+    ) && report.order == ChargeStatus::NotCharged;
+    let mut problem = if intent_open {
+        Problem::new(
+            code,
+            format!(
+                "{err}; whether the payment provider charged order {} is unknown: its payment intent stays open, and the next run of this checkout (a retry with the same Idempotency-Key, another checkout of the order, the recovery sweep) settles it under the same key, never charging it twice",
+                ctx.order().id()
+            ),
+        )
+    } else {
+        Problem::new(code, format!("{err}; {report}"))
+    };
+    if code == Code::Unavailable {
+        problem = problem.retry_after(1);
+    }
+    if let Some(wait) = err.kind.model_error().and_then(|m| m.kind.retry_after()) {
+        // The provider said when it will take requests again; so do we.
+        problem = problem.retry_after(wait.as_secs().max(1));
+    }
+    let body = &mut problem.body;
+    body.attempts = Some(err.attempts);
+    if let Some(model) = err.kind.model_error() {
+        body.request_attempts = Some(model.attempts);
+        body.upstream_status = model.kind.upstream_status();
+    }
+    body.layer = err.layer().map(str::to_owned);
+    if let ChargeStatus::Charged(receipt) = &report.order {
+        body.receipt_id = Some(receipt.id.to_string());
+    }
+    if intent_open {
+        body.order_charged = Some(None);
+        body.charged = Some(None);
+    } else {
+        body.order_charged = Some(report.order.known());
+        body.charged = Some(report.this_checkout.known());
+    }
+    problem
+}
