@@ -1,0 +1,322 @@
+//! Serving connections, with the bounds below the requests: a connection must send its
+//! request head within the header timeout and is closed after the idle timeout; at most
+//! `max_connections` are open (more wait in the kernel's queue, not in our memory); the
+//! descriptor limit is raised to its hard limit at start-up, and the bounds on loops and
+//! connections follow from it. A shutdown stops accepting, closes idle connections and
+//! lets every request in flight (a checkout) finish.
+
+use std::convert::Infallible;
+use std::future::Future;
+use std::net::SocketAddr;
+use std::pin::pin;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use axum::Router;
+use axum::extract::ConnectInfo;
+use hyper::body::Incoming;
+use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
+use hyper_util::server::conn::auto;
+use tokio::net::{TcpListener, TcpStream};
+use tokio::sync::{OwnedSemaphorePermit, Semaphore, watch};
+use tower::ServiceExt;
+
+use crate::config::Settings;
+
+/// Descriptors kept for what is not a connection or a loop: the log, SMTP, the mail
+/// directory, migrations, the binary's own files.
+const SPARE_DESCRIPTORS: u64 = 64;
+
+/// The descriptor limit assumed when it cannot be read: the common soft limit.
+pub const ASSUMED_DESCRIPTORS: u64 = 1024;
+
+/// The descriptor limit (`RLIMIT_NOFILE`) before and after start-up raised it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Descriptors {
+    pub was: u64,
+    pub soft: u64,
+    pub hard: u64,
+}
+
+/// Raises the soft descriptor limit to the hard limit: the common soft limit of 1024
+/// would otherwise bound the service long before its memory does.
+pub fn raise_descriptor_limit() -> std::io::Result<Descriptors> {
+    let mut limit = libc::rlimit {
+        rlim_cur: 0,
+        rlim_max: 0,
+    };
+    // SAFETY: getrlimit and setrlimit only read and write the struct passed to them.
+    if unsafe { libc::getrlimit(libc::RLIMIT_NOFILE, &mut limit) } != 0 {
+        return Err(std::io::Error::last_os_error());
+    }
+    let was = limit.rlim_cur;
+    if limit.rlim_cur < limit.rlim_max {
+        let raised = libc::rlimit {
+            rlim_cur: limit.rlim_max,
+            rlim_max: limit.rlim_max,
+        };
+        // SAFETY: as above.
+        if unsafe { libc::setrlimit(libc::RLIMIT_NOFILE, &raised) } != 0 {
+            return Err(std::io::Error::last_os_error());
+        }
+        limit = raised;
+    }
+    Ok(Descriptors {
+        was,
+        soft: limit.rlim_cur,
+        hard: limit.rlim_max,
+    })
+}
+
+/// The bounds on loops and connections one descriptor limit carries.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Bounds {
+    pub max_in_flight: usize,
+    pub max_connections: usize,
+    /// Descriptors one loop holds: its client's connection and its model connection(s).
+    pub per_loop: u64,
+    /// Descriptors kept for the database pool and [`SPARE_DESCRIPTORS`].
+    pub reserved: u64,
+}
+
+/// Sizes the bounds: a loop holds its client's connection and, over HTTP/1.1, a model
+/// connection (two descriptors when the scripted model serves in this process; none of
+/// its own over h2c, where requests share a connection). What is left after the
+/// reserve is shared in units of one loop's descriptors plus one more connection, so
+/// that at the bound on loops, clients answered without a loop (refusals, replays,
+/// receipts, health) still find a connection.
+pub fn bounds(settings: &Settings, descriptors: u64, model_in_process: bool) -> Bounds {
+    let model = match (settings.model.h2c, model_in_process) {
+        (true, _) => 0,
+        (false, false) => 1,
+        (false, true) => 2,
+    };
+    let per_loop = 1 + model;
+    let reserved = u64::from(settings.database.pool.max_connections) + SPARE_DESCRIPTORS;
+    let available = descriptors.saturating_sub(reserved);
+    let loops = (available / (per_loop + 1)).max(1);
+    let max_in_flight = settings
+        .overload
+        .max_in_flight
+        .min(usize::try_from(loops).unwrap_or(usize::MAX));
+    let connections = available
+        .saturating_sub(max_in_flight as u64 * model)
+        .max(1);
+    let connections = usize::try_from(connections).unwrap_or(usize::MAX);
+    let max_connections = match settings.overload.max_connections {
+        0 => connections,
+        set => set.min(connections),
+    };
+    Bounds {
+        max_in_flight,
+        max_connections,
+        per_loop,
+        reserved,
+    }
+}
+
+/// The connection settings [`serve`] applies.
+#[derive(Clone, Copy, Debug)]
+pub struct ConnectionLimits {
+    pub max_connections: usize,
+    pub header_timeout: Duration,
+    pub idle_timeout: Duration,
+}
+
+/// Serves `router` on `listener` until `shutdown` resolves, then lets every open
+/// connection finish what it runs. Each request carries its peer's [`ConnectInfo`].
+pub async fn serve(
+    listener: TcpListener,
+    router: Router,
+    limits: ConnectionLimits,
+    shutdown: impl Future<Output = ()>,
+) -> std::io::Result<()> {
+    let max = u32::try_from(limits.max_connections).unwrap_or(u32::MAX);
+    let open = Arc::new(Semaphore::new(max as usize));
+    let (stop, stopping) = watch::channel(false);
+    let mut shutdown = pin!(shutdown);
+    let mut out_of_descriptors = false;
+    let mut at_bound = false;
+    loop {
+        let permit = match open.clone().try_acquire_owned() {
+            Ok(permit) => permit,
+            Err(_) => {
+                if !at_bound {
+                    tracing::warn!(
+                        max_connections = max,
+                        "{max} connections are open, the bound (CHECKOUT_MAX_CONNECTIONS, or the descriptor limit): new connections wait in the kernel's queue until one closes"
+                    );
+                    at_bound = true;
+                }
+                tokio::select! {
+                    permit = open.clone().acquire_owned() => permit.expect("never closed"),
+                    () = &mut shutdown => break,
+                }
+            }
+        };
+        let (stream, remote) = tokio::select! {
+            accepted = listener.accept() => match accepted {
+                Ok(accepted) => accepted,
+                Err(err) => {
+                    refused_accept(&err, &mut out_of_descriptors).await;
+                    continue;
+                }
+            },
+            () = &mut shutdown => break,
+        };
+        if std::mem::take(&mut out_of_descriptors) {
+            tracing::info!("accepting connections again: descriptors are free");
+        }
+        if at_bound && open.available_permits() > max as usize / 10 {
+            at_bound = false;
+        }
+        tokio::spawn(connection(
+            stream,
+            remote,
+            router.clone(),
+            limits,
+            stopping.clone(),
+            permit,
+        ));
+    }
+    drop(listener);
+    tracing::info!("shutting down: finishing in-flight checkouts");
+    let _ = stop.send(true);
+    // Every connection gives its permit back when it has closed.
+    let _all_closed = open.acquire_many(max).await;
+    Ok(())
+}
+
+/// An accept that failed: for want of descriptors, said once until accepting works
+/// again (not once per try), then a pause so that the loop does not spin.
+async fn refused_accept(err: &std::io::Error, out_of_descriptors: &mut bool) {
+    let starved = matches!(err.raw_os_error(), Some(libc::EMFILE | libc::ENFILE));
+    if starved {
+        if !*out_of_descriptors {
+            tracing::error!(error = %err, "cannot accept connections: no descriptor is free; new connections wait in the kernel's queue until one closes (the descriptor limit bounds connections, loops, the database and the model together)");
+            *out_of_descriptors = true;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    } else {
+        // A connection reset before it was accepted, and the like: that client's loss.
+        tracing::debug!(error = %err, "accept failed");
+    }
+}
+
+/// Requests running on one connection, and when the last one ended.
+struct Activity {
+    running: AtomicUsize,
+    /// When the connection opened (until its first request) or its last request ended.
+    since: Mutex<Instant>,
+    served: AtomicUsize,
+}
+
+/// One request running; ends it when dropped.
+struct Busy(Arc<Activity>);
+
+impl Activity {
+    fn begin(self: &Arc<Self>) -> Busy {
+        self.running.fetch_add(1, Ordering::SeqCst);
+        self.served.fetch_add(1, Ordering::SeqCst);
+        Busy(self.clone())
+    }
+
+    /// Resolves once the connection has had no request running for `idle`, or, before
+    /// its first request, for `first` (a client that never sends a whole request head).
+    async fn quiet_for(&self, first: Duration, idle: Duration) {
+        loop {
+            let limit = if self.served.load(Ordering::SeqCst) == 0 {
+                first
+            } else {
+                idle
+            };
+            let since = *self.since.lock().expect("not poisoned");
+            if self.running.load(Ordering::SeqCst) == 0 && since.elapsed() >= limit {
+                return;
+            }
+            let next = if self.running.load(Ordering::SeqCst) == 0 {
+                since + limit
+            } else {
+                Instant::now() + limit
+            };
+            tokio::time::sleep_until(next.into()).await;
+        }
+    }
+}
+
+impl Drop for Busy {
+    fn drop(&mut self) {
+        *self.0.since.lock().expect("not poisoned") = Instant::now();
+        self.0.running.fetch_sub(1, Ordering::SeqCst);
+    }
+}
+
+async fn connection(
+    stream: TcpStream,
+    remote: SocketAddr,
+    router: Router,
+    limits: ConnectionLimits,
+    mut stopping: watch::Receiver<bool>,
+    _permit: OwnedSemaphorePermit,
+) {
+    let _ = stream.set_nodelay(true);
+    let activity = Arc::new(Activity {
+        running: AtomicUsize::new(0),
+        since: Mutex::new(Instant::now()),
+        served: AtomicUsize::new(0),
+    });
+    let service = {
+        let activity = activity.clone();
+        hyper::service::service_fn(move |mut request: hyper::Request<Incoming>| {
+            request.extensions_mut().insert(ConnectInfo(remote));
+            let busy = activity.begin();
+            let router = router.clone();
+            async move {
+                let _busy = busy;
+                router
+                    .oneshot(request.map(axum::body::Body::new))
+                    .await
+                    .map_err(|never: Infallible| match never {})
+            }
+        })
+    };
+    let mut builder = auto::Builder::new(TokioExecutor::new());
+    builder
+        .http1()
+        .timer(TokioTimer::new())
+        .header_read_timeout(limits.header_timeout);
+    let mut conn = pin!(builder.serve_connection(TokioIo::new(stream), service));
+    let mut closing = false;
+    loop {
+        tokio::select! {
+            _ = conn.as_mut() => break,
+            _ = stopping.changed(), if !closing => {
+                conn.as_mut().graceful_shutdown();
+                closing = true;
+            }
+            () = activity.quiet_for(limits.header_timeout, limits.idle_timeout), if !closing => {
+                conn.as_mut().graceful_shutdown();
+                closing = true;
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_bounds_follow_from_the_descriptor_limit() {
+        let settings = Settings::default();
+        // Pool 16 + 64 spare = 80 kept; a remote model over HTTP/1.1: two per loop.
+        let wide = bounds(&settings, 1_048_576, false);
+        assert_eq!(wide.max_in_flight, 10_000);
+        assert_eq!(wide.max_connections, 1_048_576 - 80 - 10_000);
+        let narrow = bounds(&settings, 1024, true);
+        assert_eq!(narrow.per_loop, 3);
+        assert_eq!(narrow.max_in_flight, (1024 - 80) / 4);
+        assert_eq!(narrow.max_connections, 1024 - 80 - 236 * 2);
+    }
+}
