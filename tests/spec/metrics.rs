@@ -217,7 +217,7 @@ async fn every_metric_is_described_and_the_endpoint_is_in_the_api_document() {
         .collect();
     assert_eq!(
         names.len(),
-        13,
+        16,
         "the checkout_* and gen_ai_* metrics: {names:?}"
     );
     for name in names {
