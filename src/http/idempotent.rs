@@ -203,14 +203,12 @@ pub async fn detached(work: impl Future<Output = HttpAnswer> + Send + 'static) -
 }
 
 /// The work, holding its admission slot until it ends (also when its client has left).
-pub fn holding<F: Future<Output = HttpAnswer> + Send + 'static>(
+pub async fn holding(
     slot: Option<Slot>,
-    work: F,
-) -> impl Future<Output = HttpAnswer> + Send + 'static {
-    async move {
-        let _slot = slot;
-        work.await
-    }
+    work: impl Future<Output = HttpAnswer> + Send + 'static,
+) -> HttpAnswer {
+    let _slot = slot;
+    work.await
 }
 
 /// Runs `work` under a lease the recovery sweep took: as [`once`] runs a new key's work
