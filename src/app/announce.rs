@@ -60,7 +60,7 @@ pub(super) fn overload(
     }
     let lowered = if bounds.max_in_flight < overload.max_in_flight {
         format!(
-            "; CHECKOUT_MAX_IN_FLIGHT {} lowered to {}: {} descriptors less {} (database pool and spare) carry {} loops of {} descriptor(s) plus one more connection each",
+            "; CHECKOUT_MAX_IN_FLIGHT {} lowered to {}: {} descriptors less {} (database pool and spare), less a tenth for connections without a loop, carry {} loops of {} descriptor(s) each",
             overload.max_in_flight,
             bounds.max_in_flight,
             soft,

@@ -22,7 +22,7 @@ use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::{OwnedSemaphorePermit, Semaphore, watch};
 use tower::ServiceExt;
 
-use crate::config::Settings;
+use crate::config::{ModelSource, Settings};
 
 /// Descriptors kept for what is not a connection or a loop: the log, SMTP, the mail
 /// directory, migrations, the binary's own files.
@@ -80,14 +80,16 @@ pub struct Bounds {
     pub reserved: u64,
 }
 
-/// Sizes the bounds: a loop holds its client's connection and, over HTTP/1.1, a model
-/// connection (two descriptors when the scripted model serves in this process; none of
-/// its own over h2c, where requests share a connection). What is left after the
-/// reserve is shared in units of one loop's descriptors plus one more connection, so
-/// that at the bound on loops, clients answered without a loop (refusals, replays,
-/// receipts, health) still find a connection.
+/// Sizes the bounds. A loop holds its client's connection (one each over HTTP/1.1, as
+/// behind most load balancers) and its model connection: one over HTTP/1.1, two when
+/// the scripted model serves in this process (both ends), none of its own over HTTP/2
+/// (h2c, or an https provider, which ALPN puts on HTTP/2: requests share a
+/// connection). A tenth of what is left after the reserve stays for connections
+/// answered without a loop (refusals, replays, receipts, health).
 pub fn bounds(settings: &Settings, descriptors: u64, model_in_process: bool) -> Bounds {
-    let model = match (settings.model.h2c, model_in_process) {
+    let shared = settings.model.h2c
+        || matches!(settings.model_source(), ModelSource::Remote(e) if e.base_url.starts_with("https://"));
+    let model = match (shared, model_in_process) {
         (true, _) => 0,
         (false, false) => 1,
         (false, true) => 2,
@@ -95,11 +97,11 @@ pub fn bounds(settings: &Settings, descriptors: u64, model_in_process: bool) -> 
     let per_loop = 1 + model;
     let reserved = u64::from(settings.database.pool.max_connections) + SPARE_DESCRIPTORS;
     let available = descriptors.saturating_sub(reserved);
-    let loops = (available / (per_loop + 1)).max(1);
+    let loops = (available - available / 10) / per_loop;
     let max_in_flight = settings
         .overload
         .max_in_flight
-        .min(usize::try_from(loops).unwrap_or(usize::MAX));
+        .min(usize::try_from(loops.max(1)).unwrap_or(usize::MAX));
     let connections = available
         .saturating_sub(max_in_flight as u64 * model)
         .max(1);
@@ -309,14 +311,21 @@ mod tests {
 
     #[test]
     fn the_bounds_follow_from_the_descriptor_limit() {
-        let settings = Settings::default();
-        // Pool 16 + 64 spare = 80 kept; a remote model over HTTP/1.1: two per loop.
+        let mut settings = Settings::default();
+        // Pool 16 + 64 spare = 80 kept; a tenth of the rest for loopless connections.
+        settings.model.base_url = Some("http://127.0.0.1:9/v1".into());
         let wide = bounds(&settings, 1_048_576, false);
-        assert_eq!(wide.max_in_flight, 10_000);
+        assert_eq!((wide.per_loop, wide.max_in_flight), (2, 10_000));
         assert_eq!(wide.max_connections, 1_048_576 - 80 - 10_000);
-        let narrow = bounds(&settings, 1024, true);
+        // The 20,000: 10,000 loops over h2c, a connection each from the clients.
+        settings.model.h2c = true;
+        let h2c = bounds(&settings, 20_000, false);
+        assert_eq!((h2c.per_loop, h2c.max_in_flight), (1, 10_000));
+        assert_eq!(h2c.max_connections, 20_000 - 80);
+        // The common soft limit, the scripted model in this process over HTTP/1.1.
+        let narrow = bounds(&Settings::default(), 1024, true);
         assert_eq!(narrow.per_loop, 3);
-        assert_eq!(narrow.max_in_flight, (1024 - 80) / 4);
-        assert_eq!(narrow.max_connections, 1024 - 80 - 236 * 2);
+        assert_eq!(narrow.max_in_flight, (944 - 94) / 3);
+        assert_eq!(narrow.max_connections, 944 - 283 * 2);
     }
 }
