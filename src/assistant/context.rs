@@ -5,7 +5,7 @@ use std::sync::{Arc, Mutex};
 use crate::journal::{Entry, JournalKey, NewEntry};
 use crate::model::Completion;
 use crate::outbox::Recipient;
-use crate::payments::{ChargeKey, OperationKey, Order, OrderId, PaymentGateway, Receipt};
+use crate::payments::{Charge, ChargeKey, OperationKey, Order, OrderId, PaymentGateway, Receipt};
 
 /// Everything one checkout carries through every retried unit: the order the client
 /// authorized and the keys the handler made for it before anything was retried.
@@ -143,6 +143,20 @@ impl CheckoutContext {
 
     pub fn charge_key(&self) -> &ChargeKey {
         &self.0.charge_key
+    }
+
+    /// The one charge this checkout may make: its order's key and amount, paid with its
+    /// payment method, for this operation of this caller. The model's arguments have no
+    /// part in it.
+    pub fn charge(&self) -> Charge<'_> {
+        let order = &self.0.order;
+        Charge::new(
+            &self.0.charge_key,
+            order.amount(),
+            &self.0.operation_key,
+            &self.0.journal.scope,
+        )
+        .paid_with(order.payment_method())
     }
 
     pub fn operation_key(&self) -> &OperationKey {

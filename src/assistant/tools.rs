@@ -137,18 +137,11 @@ impl ToolBox {
         let mut journaled = false;
         let charged = self
             .gateway
-            .charge_journaled(
-                ctx.charge_key(),
-                order.amount(),
-                order.payment_method(),
-                ctx.operation_key(),
-                &ctx.journal_key().scope,
-                |made| {
-                    let entries = journal(charge_result(made, false));
-                    journaled = !entries.is_empty();
-                    entries
-                },
-            )
+            .charge_journaled(&ctx.charge(), |made| {
+                let entries = journal(charge_result(made, false));
+                journaled = !entries.is_empty();
+                entries
+            })
             .await
             .inspect_err(|err| {
                 if err.charged_nothing() {

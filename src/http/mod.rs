@@ -1,6 +1,7 @@
 //! The HTTP API: router, one file per resource, errors, the OpenAPI document.
 
 pub mod answer;
+mod api_doc;
 pub mod auth;
 pub mod checkout;
 pub mod error;
@@ -81,7 +82,12 @@ pub fn router(state: AppState) -> Router {
     let server_timeout = settings.server.timeout;
     let metrics = state.metrics().clone();
     router
-        .merge(SwaggerUi::new("/swagger-ui").url("/api-docs/openapi.json", api))
+        .merge(SwaggerUi::new("/swagger-ui").config(utoipa_swagger_ui::Config::from(api_doc::PATH)))
+        .route(
+            api_doc::PATH,
+            axum::routing::get(api_doc::serve)
+                .with_state((state.clone(), api_doc::ApiDocs::new(api))),
+        )
         .fallback(|| async { Problem::new(Code::NotFound, "no such endpoint; see /swagger-ui/") })
         .layer(DefaultBodyLimit::max(settings.server.body_limit_bytes))
         .layer(TimeoutLayer::with_status_code(
@@ -115,7 +121,8 @@ pub fn router(state: AppState) -> Router {
         .with_state(state)
 }
 
-/// The OpenAPI document, as served at `/api-docs/openapi.json`.
+/// The OpenAPI document as served at `/api-docs/openapi.json` once an API key is
+/// needed; while the service is open, the key is declared optional ([`api_doc`]).
 pub fn openapi() -> utoipa::openapi::OpenApi {
     api_parts(None).1
 }
