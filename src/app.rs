@@ -153,7 +153,11 @@ impl App {
         );
         let sweep_every = (settings.idempotency.ttl / 4)
             .clamp(Duration::from_millis(100), Duration::from_secs(60));
-        workers.spawn(idempotency::sweep_forever(records.clone(), sweep_every));
+        workers.spawn(idempotency::sweep_forever(
+            records.clone(),
+            sweep_every,
+            settings.idempotency.ttl,
+        ));
         workers.spawn(gate.clone().watch_for_keys());
         let recovering = settings.idempotency.recovery;
         let state = AppState::new(Parts {

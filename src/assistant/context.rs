@@ -58,20 +58,20 @@ struct ChargeState {
 
 impl CheckoutContext {
     /// Made by the HTTP handler, from the validated order, before the loop starts. The
-    /// operation is the caller's (`scope`); `fence` is its Idempotency-Key lease, if it
+    /// operation is `caller`'s; `fence` is its Idempotency-Key lease, if it
     /// has one.
     pub fn new(
         order: Order,
         email: Option<Recipient>,
         operation_key: OperationKey,
-        scope: &str,
+        caller: &str,
         fence: Option<i64>,
     ) -> Self {
         CheckoutContext(Arc::new(Inner {
             email,
             charge_key: order.charge_key(),
             journal: JournalKey {
-                scope: scope.to_owned(),
+                caller: caller.to_owned(),
                 operation_key: operation_key.as_str().to_owned(),
                 fence,
             },
@@ -88,7 +88,7 @@ impl CheckoutContext {
     /// Idempotency-Key from two callers is two operations).
     pub fn made(&self, receipt: &Receipt) -> bool {
         receipt.operation_key == self.operation_key().as_str()
-            && receipt.caller == self.0.journal.scope
+            && receipt.caller == self.0.journal.caller
     }
 
     pub fn journal_key(&self) -> &JournalKey {
@@ -154,7 +154,7 @@ impl CheckoutContext {
             &self.0.charge_key,
             order.amount(),
             &self.0.operation_key,
-            &self.0.journal.scope,
+            &self.0.journal.caller,
         )
         .paid_with(order.payment_method())
     }

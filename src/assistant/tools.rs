@@ -186,7 +186,7 @@ impl ToolBox {
         let key = ctx.journal_key();
         let queued = self
             .outbox
-            .queue_confirmation(&key.scope, &key.operation_key, email, &receipt)
+            .queue_confirmation(&key.caller, &key.operation_key, email, &receipt)
             .await?;
         tracing::info!(order = %receipt.order_id, message_id = %queued.message_id, status = %queued.status, "send_confirmation tool: the confirmation is in the outbox");
         Ok(ToolOutput {

@@ -24,26 +24,30 @@ pub struct ApiDocs {
 
 impl ApiDocs {
     pub fn new(required: OpenApi) -> ApiDocs {
-        let mut open = required.clone();
-        for item in open.paths.paths.values_mut() {
-            let operations = [
-                &mut item.get,
-                &mut item.post,
-                &mut item.put,
-                &mut item.delete,
-            ];
-            for operation in operations.into_iter().flatten() {
-                if let Some(security) = operation.security.as_mut() {
-                    security.push(SecurityRequirement::default());
-                }
-            }
-        }
         let json = |doc: &OpenApi| Bytes::from(doc.to_json().expect("the document serializes"));
         ApiDocs {
+            open: json(&key_optional(required.clone())),
             required: json(&required),
-            open: json(&open),
         }
     }
+}
+
+/// `doc` with the API key optional wherever it is asked for.
+pub fn key_optional(mut doc: OpenApi) -> OpenApi {
+    for item in doc.paths.paths.values_mut() {
+        let operations = [
+            &mut item.get,
+            &mut item.post,
+            &mut item.put,
+            &mut item.delete,
+        ];
+        for operation in operations.into_iter().flatten() {
+            if let Some(security) = operation.security.as_mut() {
+                security.push(SecurityRequirement::default());
+            }
+        }
+    }
+    doc
 }
 
 pub async fn serve(State((app, docs)): State<(AppState, ApiDocs)>) -> impl IntoResponse {

@@ -121,10 +121,15 @@ pub fn router(state: AppState) -> Router {
         .with_state(state)
 }
 
-/// The OpenAPI document as served at `/api-docs/openapi.json` once an API key is
-/// needed; while the service is open, the key is declared optional ([`api_doc`]).
-pub fn openapi() -> utoipa::openapi::OpenApi {
-    api_parts(None).1
+/// The OpenAPI document as served at `/api-docs/openapi.json`: with the API key
+/// required, or (`open`) optional, as the service is while it needs no key.
+pub fn openapi(open: bool) -> utoipa::openapi::OpenApi {
+    let doc = api_parts(None).1;
+    if open {
+        api_doc::key_optional(doc)
+    } else {
+        doc
+    }
 }
 
 /// The routes and their document; with the state, the callers' routes behind the API key
