@@ -400,10 +400,7 @@ async fn the_openapi_document_describes_every_field_and_error() {
     // optional while the service is open (`{}`); health does not.
     let open = serde_json::json!([{"api_key": []}, {}]);
     assert_eq!(post["security"], open);
-    assert_eq!(
-        doc["paths"]["/receipts/{orderId}"]["get"]["security"],
-        open
-    );
+    assert_eq!(doc["paths"]["/receipts/{orderId}"]["get"]["security"], open);
     assert_eq!(
         doc["paths"]["/health/ready"]["get"]["security"],
         Value::Null
