@@ -116,7 +116,7 @@ impl IntoParams for IdempotencyKey {
 /// so its key stays usable.
 pub async fn once<F>(
     app: &AppState,
-    scope: &str,
+    caller: &str,
     key: &OperationKey,
     fingerprint: &Fingerprint,
     work: impl FnOnce(&Lease) -> F,
@@ -130,7 +130,7 @@ where
         Some(_) => {
             idempotency::begin(
                 app.records(),
-                scope,
+                caller,
                 key.as_str(),
                 fingerprint,
                 settings.idempotency.lease,
@@ -138,7 +138,7 @@ where
             )
             .await
         }
-        None => match idempotency::peek(app.records(), scope, key.as_str(), fingerprint).await {
+        None => match idempotency::peek(app.records(), caller, key.as_str(), fingerprint).await {
             Ok(Some(found)) => Ok(found),
             Ok(None) => return app.admission().refusal().into_response(),
             Err(err) => Err(err),

@@ -52,12 +52,12 @@ pub async fn sweep_forever(app: AppState) {
 async fn recover(app: &AppState, operation: Lapsed, slot: Slot) {
     let settings = app.settings();
     let max = i64::from(settings.idempotency.recovery_max_attempts);
-    let (scope, key) = (operation.scope.clone(), operation.key.clone());
+    let (caller, key) = (operation.caller.clone(), operation.key.clone());
     if operation.recoveries >= max {
         match app.records().give_up(&operation, max).await {
             Ok(true) => tracing::error!(
                 key,
-                scope,
+                caller,
                 recoveries = operation.recoveries,
                 "recovery sweep: gave up on an operation resumed {} time(s) without finishing; it needs attention (idempotency_keys.attention_at is set; its journal, receipt and outbox rows say how far it got). A client's retry with its Idempotency-Key still resumes it",
                 operation.recoveries
@@ -79,7 +79,7 @@ async fn recover(app: &AppState, operation: Lapsed, slot: Slot) {
     ) {
         Ok(request) => request,
         Err(err) => {
-            tracing::error!(key, scope, error = %err, "recovery sweep: the operation's recorded request does not read; not resumed");
+            tracing::error!(key, caller, error = %err, "recovery sweep: the operation's recorded request does not read; not resumed");
             return slot.unused();
         }
     };
@@ -98,7 +98,7 @@ async fn recover(app: &AppState, operation: Lapsed, slot: Slot) {
     };
     tracing::warn!(
         key,
-        scope,
+        caller,
         fence = lease.fence,
         recovery = operation.recoveries + 1,
         of = max,
@@ -109,7 +109,7 @@ async fn recover(app: &AppState, operation: Lapsed, slot: Slot) {
     let work = {
         let app = app.clone();
         idempotent::holding(Some(slot), async move {
-            checkout::run(&app, order, email, operation_key, &scope, fence, format).await
+            checkout::run(&app, order, email, operation_key, &caller, fence, format).await
         })
     };
     let answer = idempotent::resume(app, lease, work).await;
