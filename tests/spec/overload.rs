@@ -10,18 +10,32 @@ use std::net::TcpStream;
 use std::time::Duration;
 
 use crate::common::{
-    Backend, Harness, Process, Reply, TestDb, post, scripted, test_settings, until,
+    Backend, Harness, Process, Reply, TestDb, post, sample, scripted, test_settings, until,
 };
 use checkout::caller::{self, AuthMode};
 use checkout::db::{Database, PoolSettings};
 
-/// Sends every path at once (keyless POSTs) and waits for all the answers.
-async fn at_once(h: &Harness, paths: impl IntoIterator<Item = String>) -> Vec<Reply> {
+/// Sends a POST to every path at once, each with `headers`, and waits for the answers.
+async fn at_once(
+    h: &Harness,
+    paths: impl IntoIterator<Item = String>,
+    headers: &[(&str, &str)],
+) -> Vec<Reply> {
     let sends: Vec<_> = paths
         .into_iter()
         .map(|path| {
             let (http, url) = (h.http.clone(), h.url(&path));
-            tokio::spawn(async move { post(&http, &url, &[], None).await })
+            let headers: Vec<(String, String)> = headers
+                .iter()
+                .map(|(k, v)| (k.to_string(), v.to_string()))
+                .collect();
+            tokio::spawn(async move {
+                let headers: Vec<(&str, &str)> = headers
+                    .iter()
+                    .map(|(k, v)| (k.as_str(), v.as_str()))
+                    .collect();
+                post(&http, &url, &headers, None).await
+            })
         })
         .collect();
     let mut replies = Vec::new();
@@ -29,14 +43,6 @@ async fn at_once(h: &Harness, paths: impl IntoIterator<Item = String>) -> Vec<Re
         replies.push(send.await.expect("the send ran"));
     }
     replies
-}
-
-/// The value of one series of the scrape (`name{labels}` as exposed).
-fn sample(text: &str, series: &str) -> Option<f64> {
-    text.lines().find_map(|line| {
-        let value = line.strip_prefix(series)?.strip_prefix(' ')?;
-        Some(value.parse().expect("a sample value"))
-    })
 }
 
 /// Settings whose model requests outlast the scripted model's delay.
@@ -54,6 +60,7 @@ both_backends!(
         let replies = at_once(
             &h,
             (0..2 * N).map(|i| format!("/checkout?orderId=O-{i}&amount=10.00")),
+            &[],
         )
         .await;
         let statuses: Vec<u16> = replies.iter().map(|r| r.status).collect();
@@ -167,22 +174,12 @@ both_backends!(
         settings.overload.rate_per_sec = 1;
         settings.overload.rate_burst = BURST as u32;
         let h = Harness::serve(db, model, settings).await;
-        let sends: Vec<_> = (0..=BURST)
-            .map(|i| {
-                let (http, url) = (
-                    h.http.clone(),
-                    h.url(&format!("/checkout?orderId=R-{i}&amount=3.00")),
-                );
-                let alice = alice.clone();
-                tokio::spawn(
-                    async move { post(&http, &url, &[("authorization", &alice)], None).await },
-                )
-            })
-            .collect();
-        let mut replies = Vec::new();
-        for send in sends {
-            replies.push(send.await.unwrap());
-        }
+        let replies = at_once(
+            &h,
+            (0..=BURST).map(|i| format!("/checkout?orderId=R-{i}&amount=3.00")),
+            &[("authorization", &alice)],
+        )
+        .await;
         let statuses: Vec<u16> = replies.iter().map(|r| r.status).collect();
         assert_eq!(
             statuses.iter().filter(|s| **s == 200).count(),

@@ -476,6 +476,15 @@ impl Drop for Process {
     }
 }
 
+/// The value of one series of a `/metrics` scrape (`name{labels}` exactly as exposed),
+/// or `None` when absent.
+pub fn sample(text: &str, series: &str) -> Option<f64> {
+    text.lines().find_map(|line| {
+        let value = line.strip_prefix(series)?.strip_prefix(' ')?;
+        Some(value.parse().expect("a sample value"))
+    })
+}
+
 /// Waits until `done` holds, checking every 5 ms; fails the test naming `what` after 15 s.
 pub async fn until(what: &str, done: impl AsyncFnMut() -> bool) {
     until_within(what, Duration::from_secs(15), done).await
