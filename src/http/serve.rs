@@ -308,6 +308,40 @@ async fn connection(
 #[cfg(test)]
 mod tests {
     use super::*;
+    use std::sync::Mutex as StdMutex;
+
+    /// The log lines written while `f` runs, as text.
+    struct Lines(Arc<StdMutex<Vec<u8>>>);
+
+    impl std::io::Write for Lines {
+        fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+            self.0.lock().unwrap().extend_from_slice(buf);
+            Ok(buf.len())
+        }
+        fn flush(&mut self) -> std::io::Result<()> {
+            Ok(())
+        }
+    }
+
+    #[tokio::test]
+    async fn running_out_of_descriptors_is_said_once_until_accepting_works_again() {
+        let written = Arc::new(StdMutex::new(Vec::new()));
+        let sink = written.clone();
+        let subscriber = tracing_subscriber::fmt()
+            .with_writer(move || Lines(sink.clone()))
+            .with_ansi(false)
+            .finish();
+        let _guard = tracing::subscriber::set_default(subscriber);
+        let emfile = std::io::Error::from_raw_os_error(libc::EMFILE);
+        let mut out_of_descriptors = false;
+        // Ten failed accepts, a second of them, as a process out of descriptors meets.
+        for _ in 0..10 {
+            refused_accept(&emfile, &mut out_of_descriptors).await;
+        }
+        let text = String::from_utf8(written.lock().unwrap().clone()).unwrap();
+        assert_eq!(text.matches("no descriptor is free").count(), 1, "{text}");
+        assert!(out_of_descriptors);
+    }
 
     #[test]
     fn the_bounds_follow_from_the_descriptor_limit() {
