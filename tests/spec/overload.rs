@@ -149,6 +149,43 @@ both_backends!(
     }
 );
 
+both_backends!(
+    the_recovery_sweep_waits_for_a_slot_and_resumes_once_one_is_free,
+    |backend| async move {
+        // Every model request fails: the keyed checkout is answered 502 and its lease
+        // released, for the sweep to resume one lease period (1 s here) later.
+        let h = Harness::with(backend, "503", |s| holding_loops(s, 1)).await;
+        let key = [("idempotency-key", "k-lapsed")];
+        let failed = h
+            .post("/checkout?orderId=L-1&amount=2.00", &key, None)
+            .await;
+        assert_eq!(failed.status, 502, "{}", failed.text());
+        h.model.set_faults(Vec::new());
+        h.model.set_delay(Duration::from_millis(1_500));
+        // The one slot, taken for two model answers: 3 s, two sweeps' worth.
+        let holder = {
+            let (http, url) = (
+                h.http.clone(),
+                h.url("/checkout?orderId=HOLD-2&amount=6.00"),
+            );
+            tokio::spawn(async move { post(&http, &url, &[], None).await })
+        };
+        let recoveries = "SELECT count(*) FROM idempotency_keys WHERE key = $1 AND recoveries > 0";
+        tokio::time::sleep(Duration::from_millis(2_500)).await;
+        assert_eq!(
+            h.db.count(recoveries, Some("k-lapsed")).await,
+            0,
+            "the sweep does not resume while the instance is full"
+        );
+        assert_eq!(holder.await.unwrap().status, 200);
+        until("the sweep resumed the operation", async || {
+            h.db.receipts("L-1").await == 1
+        })
+        .await;
+        assert_eq!(h.db.count(recoveries, Some("k-lapsed")).await, 1);
+    }
+);
+
 /// A key made in `db` as `checkout api-keys create NAME` makes it, before the service
 /// opens it (SQLite's file is the service's alone once it runs).
 async fn api_key(db: &TestDb, name: &str) -> String {
