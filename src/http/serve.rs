@@ -8,18 +8,19 @@
 use std::convert::Infallible;
 use std::future::Future;
 use std::net::SocketAddr;
-use std::pin::pin;
+use std::pin::{Pin, pin};
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
+use std::task::{Context, Poll};
 use std::time::{Duration, Instant};
 
 use axum::Router;
 use axum::extract::ConnectInfo;
 use hyper::body::Incoming;
-use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
+use hyper_util::rt::{TokioExecutor, TokioIo};
 use hyper_util::server::conn::auto;
 use tokio::net::{TcpListener, TcpStream};
-use tokio::sync::{OwnedSemaphorePermit, Semaphore, watch};
+use tokio::sync::{Notify, OwnedSemaphorePermit, Semaphore, watch};
 use tower::ServiceExt;
 
 use crate::config::{ModelSource, Settings};
@@ -206,51 +207,166 @@ async fn refused_accept(err: &std::io::Error, out_of_descriptors: &mut bool) {
     }
 }
 
-/// Requests running on one connection, and when the last one ended.
+/// What one connection is doing, as the timeouts need it: requests running, when it last
+/// had none, and whether a request head has begun to arrive.
 struct Activity {
     running: AtomicUsize,
-    /// When the connection opened (until its first request) or its last request ended.
-    since: Mutex<Instant>,
-    served: AtomicUsize,
+    quiet: Mutex<Quiet>,
+    changed: Notify,
+}
+
+struct Quiet {
+    /// When the connection opened, or its last request ended.
+    since: Instant,
+    /// When the first byte of a request head arrived while no request ran (HTTP/1.1).
+    head_since: Option<Instant>,
+    served: bool,
+    /// Whether the client opened with the HTTP/2 preface (`None` before its first bytes):
+    /// its frames between requests (pings, settings) are no request head.
+    http2: Option<bool>,
+}
+
+/// Why a connection is closed.
+enum Ending {
+    /// No request for the idle timeout (the header timeout before its first request).
+    Idle,
+    /// A request head began and did not end within the header timeout.
+    StalledHead,
 }
 
 /// One request running; ends it when dropped.
 struct Busy(Arc<Activity>);
 
 impl Activity {
+    fn new() -> Arc<Activity> {
+        Arc::new(Activity {
+            running: AtomicUsize::new(0),
+            quiet: Mutex::new(Quiet {
+                since: Instant::now(),
+                head_since: None,
+                served: false,
+                http2: None,
+            }),
+            changed: Notify::new(),
+        })
+    }
+
+    fn quiet(&self) -> std::sync::MutexGuard<'_, Quiet> {
+        self.quiet
+            .lock()
+            .expect("never poisoned: no code panics holding it")
+    }
+
+    /// A request's head has arrived: its handler runs.
     fn begin(self: &Arc<Self>) -> Busy {
         self.running.fetch_add(1, Ordering::SeqCst);
-        self.served.fetch_add(1, Ordering::SeqCst);
+        let mut quiet = self.quiet();
+        quiet.head_since = None;
+        quiet.served = true;
+        drop(quiet);
+        self.changed.notify_one();
         Busy(self.clone())
     }
 
-    /// Resolves once the connection has had no request running for `idle`, or, before
-    /// its first request, for `first` (a client that never sends a whole request head).
-    async fn quiet_for(&self, first: Duration, idle: Duration) {
+    /// Bytes came in. The header timeout runs from a head's first byte, not from the end
+    /// of the previous request: a kept-alive connection may wait the idle timeout.
+    fn read(&self, bytes: &[u8]) {
+        let mut quiet = self.quiet();
+        let http2 = *quiet
+            .http2
+            .get_or_insert_with(|| bytes.starts_with(b"PRI "));
+        if !http2 && quiet.head_since.is_none() && self.running.load(Ordering::SeqCst) == 0 {
+            quiet.head_since = Some(Instant::now());
+            drop(quiet);
+            self.changed.notify_one();
+        }
+    }
+
+    /// Resolves when the connection should close, and why.
+    async fn ending(&self, header: Duration, idle: Duration) -> Ending {
         loop {
-            let limit = if self.served.load(Ordering::SeqCst) == 0 {
-                first
-            } else {
-                idle
+            let (deadline, ending) = {
+                let quiet = self.quiet();
+                if self.running.load(Ordering::SeqCst) > 0 {
+                    (None, Ending::Idle)
+                } else if let Some(began) = quiet.head_since {
+                    (Some(began + header), Ending::StalledHead)
+                } else if !quiet.served {
+                    (Some(quiet.since + header), Ending::Idle)
+                } else {
+                    (Some(quiet.since + idle), Ending::Idle)
+                }
             };
-            let since = *self.since.lock().expect("not poisoned");
-            if self.running.load(Ordering::SeqCst) == 0 && since.elapsed() >= limit {
-                return;
+            match deadline {
+                Some(deadline) if Instant::now() >= deadline => return ending,
+                Some(deadline) => tokio::select! {
+                    () = tokio::time::sleep_until(deadline.into()) => {}
+                    () = self.changed.notified() => {}
+                },
+                None => self.changed.notified().await,
             }
-            let next = if self.running.load(Ordering::SeqCst) == 0 {
-                since + limit
-            } else {
-                Instant::now() + limit
-            };
-            tokio::time::sleep_until(next.into()).await;
         }
     }
 }
 
 impl Drop for Busy {
     fn drop(&mut self) {
-        *self.0.since.lock().expect("not poisoned") = Instant::now();
         self.0.running.fetch_sub(1, Ordering::SeqCst);
+        self.0.quiet().since = Instant::now();
+        self.0.changed.notify_one();
+    }
+}
+
+/// The client's socket, telling [`Activity`] when bytes come in.
+struct Watched {
+    io: TcpStream,
+    activity: Arc<Activity>,
+}
+
+impl tokio::io::AsyncRead for Watched {
+    fn poll_read(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &mut tokio::io::ReadBuf<'_>,
+    ) -> Poll<std::io::Result<()>> {
+        let before = buf.filled().len();
+        let read = Pin::new(&mut self.io).poll_read(cx, buf);
+        if let Poll::Ready(Ok(())) = read
+            && buf.filled().len() > before
+        {
+            self.activity.read(&buf.filled()[before..]);
+        }
+        read
+    }
+}
+
+impl tokio::io::AsyncWrite for Watched {
+    fn poll_write(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &[u8],
+    ) -> Poll<std::io::Result<usize>> {
+        Pin::new(&mut self.io).poll_write(cx, buf)
+    }
+
+    fn poll_write_vectored(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        bufs: &[std::io::IoSlice<'_>],
+    ) -> Poll<std::io::Result<usize>> {
+        Pin::new(&mut self.io).poll_write_vectored(cx, bufs)
+    }
+
+    fn is_write_vectored(&self) -> bool {
+        self.io.is_write_vectored()
+    }
+
+    fn poll_flush(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<std::io::Result<()>> {
+        Pin::new(&mut self.io).poll_flush(cx)
+    }
+
+    fn poll_shutdown(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<std::io::Result<()>> {
+        Pin::new(&mut self.io).poll_shutdown(cx)
     }
 }
 
@@ -263,11 +379,7 @@ async fn connection(
     _permit: OwnedSemaphorePermit,
 ) {
     let _ = stream.set_nodelay(true);
-    let activity = Arc::new(Activity {
-        running: AtomicUsize::new(0),
-        since: Mutex::new(Instant::now()),
-        served: AtomicUsize::new(0),
-    });
+    let activity = Activity::new();
     let service = {
         let activity = activity.clone();
         hyper::service::service_fn(move |mut request: hyper::Request<Incoming>| {
@@ -283,12 +395,14 @@ async fn connection(
             }
         })
     };
-    let mut builder = auto::Builder::new(TokioExecutor::new());
-    builder
-        .http1()
-        .timer(TokioTimer::new())
-        .header_read_timeout(limits.header_timeout);
-    let mut conn = pin!(builder.serve_connection(TokioIo::new(stream), service));
+    // No hyper header timer: over HTTP/1.1 it also runs while a kept-alive connection
+    // waits for its next request, which would make the header timeout its idle timeout.
+    let builder = auto::Builder::new(TokioExecutor::new());
+    let io = Watched {
+        io: stream,
+        activity: activity.clone(),
+    };
+    let mut conn = pin!(builder.serve_connection(TokioIo::new(io), service));
     let mut closing = false;
     loop {
         tokio::select! {
@@ -297,9 +411,15 @@ async fn connection(
                 conn.as_mut().graceful_shutdown();
                 closing = true;
             }
-            () = activity.quiet_for(limits.header_timeout, limits.idle_timeout), if !closing => {
-                conn.as_mut().graceful_shutdown();
-                closing = true;
+            ending = activity.ending(limits.header_timeout, limits.idle_timeout), if !closing => {
+                match ending {
+                    Ending::Idle => {
+                        conn.as_mut().graceful_shutdown();
+                        closing = true;
+                    }
+                    // Its head never came: nothing to finish.
+                    Ending::StalledHead => break,
+                }
             }
         }
     }

@@ -294,6 +294,71 @@ both_backends!(
     }
 );
 
+/// Sends one `GET /health/live` on `stream` and reads its answer's status line; `None`
+/// when the service closed the connection instead.
+async fn health_on(stream: &mut tokio::net::TcpStream) -> Option<String> {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let get = b"GET /health/live HTTP/1.1\r\nHost: checkout\r\n\r\n";
+    stream.write_all(get).await.ok()?;
+    let mut answer = vec![0; 4096];
+    let n = stream.read(&mut answer).await.ok()?;
+    let text = String::from_utf8_lossy(&answer[..n]).into_owned();
+    text.lines()
+        .next()
+        .filter(|l| !l.is_empty())
+        .map(str::to_owned)
+}
+
+/// Reads until the service closes `stream` (within 10 s): true if it did.
+async fn closed(stream: &mut tokio::net::TcpStream) -> bool {
+    use tokio::io::AsyncReadExt;
+    let mut rest = Vec::new();
+    let read = tokio::time::timeout(Duration::from_secs(10), stream.read_to_end(&mut rest));
+    match read.await {
+        Ok(Ok(_)) => true,
+        Ok(Err(err)) => err.kind() == std::io::ErrorKind::ConnectionReset,
+        Err(_) => false,
+    }
+}
+
+both_backends!(
+    a_kept_alive_connection_waits_the_idle_timeout_and_a_stalled_head_only_the_header_timeout,
+    |backend| async move {
+        use tokio::io::AsyncWriteExt;
+        let h = Harness::with(backend, "", |s| {
+            s.overload.header_timeout = Duration::from_millis(500);
+            s.overload.idle_timeout = Duration::from_millis(3_000);
+        })
+        .await;
+        let addr = h.base.trim_start_matches("http://").to_owned();
+        let mut kept = tokio::net::TcpStream::connect(&addr).await.unwrap();
+        assert_eq!(
+            health_on(&mut kept).await.as_deref(),
+            Some("HTTP/1.1 200 OK")
+        );
+        let mut stalled = tokio::net::TcpStream::connect(&addr).await.unwrap();
+        stalled
+            .write_all(b"GET /health/live HTTP/1.1\r\nHost")
+            .await
+            .unwrap();
+        assert!(
+            closed(&mut stalled).await,
+            "a head that stalls is closed after the header timeout"
+        );
+        // Idle for more than twice the header timeout by now, and still served.
+        tokio::time::sleep(Duration::from_millis(500)).await;
+        assert_eq!(
+            health_on(&mut kept).await.as_deref(),
+            Some("HTTP/1.1 200 OK"),
+            "a kept-alive connection waits the idle timeout, not the header timeout"
+        );
+        assert!(
+            closed(&mut kept).await,
+            "and is closed after the idle timeout"
+        );
+    }
+);
+
 /// Connections that sent half a request head, on a service started with the common
 /// descriptor limit of 1024 (soft and hard, so that it cannot raise it).
 fn stalled_connections_are_closed_and_a_checkout_is_answered(backend: Backend) {
