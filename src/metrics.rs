@@ -120,7 +120,27 @@ const PROVIDER_DURATION: Def = Def {
     buckets: Some(&[0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0]),
 };
 
+const REFUSALS: Def = Def {
+    name: "checkout_refusals_total",
+    help: "POST /checkout requests refused before anything was run or written, by code: overloaded (503: the instance ran CHECKOUT_MAX_IN_FLIGHT loops), rate_limited (429: the caller was over CHECKOUT_RATE_LIMIT_PER_SEC). Not counted in checkout_checkouts_total.",
+    buckets: None,
+};
+const IN_FLIGHT: Def = Def {
+    name: "checkout_loops_in_flight",
+    help: "Checkout loops running now in this instance (clients' checkouts and the recovery sweep's resumes).",
+    buckets: None,
+};
+const IN_FLIGHT_LIMIT: Def = Def {
+    name: "checkout_loops_in_flight_limit",
+    help: "The most checkout loops this instance runs at once (CHECKOUT_MAX_IN_FLIGHT, as sized at start-up); one more is refused with 503 overloaded.",
+    buckets: None,
+};
+
+/// Gauges: described and registered apart from the counters and histograms.
+const GAUGES: &[&Def] = &[&IN_FLIGHT, &IN_FLIGHT_LIMIT];
+
 const CATALOGUE: &[&Def] = &[
+    &REFUSALS,
     &EMAILS,
     &PROVIDER_REQUESTS,
     &PROVIDER_DURATION,
@@ -229,6 +249,9 @@ impl Metrics {
                 None => recorder.describe_counter(def.name.into(), None, def.help.into()),
             }
         }
+        for def in GAUGES {
+            recorder.describe_gauge(def.name.into(), None, def.help.into());
+        }
         let handle = recorder.handle();
         let metrics = Metrics(Arc::new(Inner { recorder, handle }));
         // Counters of a closed label set start at zero, so that a rate over them exists
@@ -255,6 +278,11 @@ impl Metrics {
         ] {
             metrics.counter(&EMAILS, &[("result", outcome.label())], 0);
         }
+        for code in ["overloaded", "rate_limited"] {
+            metrics.counter(&REFUSALS, &[("code", code)], 0);
+        }
+        metrics.in_flight(0);
+        metrics.in_flight_limit(0);
         for reason in ["missing", "not_bearer", "invalid"] {
             metrics.counter(&AUTH_FAILURES, &[("reason", reason)], 0);
         }
@@ -309,6 +337,24 @@ impl Metrics {
             &[("operation", operation)],
             took.as_secs_f64(),
         );
+    }
+
+    /// A POST /checkout was refused before it ran (`code`: overloaded, rate_limited).
+    pub fn refused(&self, code: &'static str) {
+        self.counter(&REFUSALS, &[("code", code)], 1);
+    }
+
+    /// A loop took (`1`) or gave back (`-1`) its admission slot.
+    pub fn in_flight(&self, change: i8) {
+        self.gauge(&IN_FLIGHT).increment(f64::from(change));
+    }
+
+    pub fn in_flight_limit(&self, limit: usize) {
+        self.gauge(&IN_FLIGHT_LIMIT).set(limit as f64);
+    }
+
+    fn gauge(&self, def: &Def) -> metrics::Gauge {
+        self.0.recorder.register_gauge(&key(def, &[]), &metadata())
     }
 
     /// A checkout answered: `ok`, or the problem code it ended with.
@@ -490,6 +536,13 @@ mod tests {
             };
             assert!(
                 text.contains(&format!("# TYPE {} {kind}\n", def.name)),
+                "{}: {text}",
+                def.name
+            );
+        }
+        for def in GAUGES {
+            assert!(
+                text.contains(&format!("# TYPE {} gauge\n", def.name)),
                 "{}: {text}",
                 def.name
             );

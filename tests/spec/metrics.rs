@@ -5,16 +5,8 @@
 
 use std::time::Duration;
 
-use crate::common::{Backend, Harness};
+use crate::common::{Backend, Harness, sample};
 use checkout::model::scripted::FaultRule;
-
-/// The value of one series (`name{labels}` exactly as exposed), or `None` when absent.
-fn sample(text: &str, series: &str) -> Option<f64> {
-    text.lines().find_map(|line| {
-        let value = line.strip_prefix(series)?.strip_prefix(' ')?;
-        Some(value.parse().expect("a sample value"))
-    })
-}
 
 fn faults(plan: &str) -> Vec<FaultRule> {
     FaultRule::parse_plan(plan).expect("a valid fault plan")
@@ -217,7 +209,7 @@ async fn every_metric_is_described_and_the_endpoint_is_in_the_api_document() {
         .collect();
     assert_eq!(
         names.len(),
-        13,
+        16,
         "the checkout_* and gen_ai_* metrics: {names:?}"
     );
     for name in names {
