@@ -28,6 +28,8 @@ use metrics_exporter_prometheus::{
     Matcher, PrometheusBuilder, PrometheusHandle, PrometheusRecorder,
 };
 
+use crate::model::breaker::BreakerState;
+
 /// What one metric is.
 struct Def {
     name: &'static str,
@@ -120,7 +122,32 @@ const PROVIDER_DURATION: Def = Def {
     buckets: Some(&[0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0]),
 };
 
+const BREAKER_TRANSITIONS: Def = Def {
+    name: "checkout_model_breaker_transitions_total",
+    help: "Transitions of a model endpoint's circuit breaker, by endpoint and the state entered (open, half_open, closed) from the state left.",
+    buckets: None,
+};
+const BREAKER_REFUSED: Def = Def {
+    name: "checkout_model_breaker_refused_total",
+    help: "Model requests not sent because the endpoint's circuit breaker was open (or its one trial request was out), by endpoint.",
+    buckets: None,
+};
+const FALLBACK_TURNS: Def = Def {
+    name: "checkout_model_fallback_turns_total",
+    help: "Model turns answered by an endpoint other than the primary, because every endpoint before it failed transiently (or its breaker was open), by the endpoint that answered.",
+    buckets: None,
+};
+/// A gauge, one series per state: 1 for the breaker's state, 0 for the others.
+const BREAKER_STATE: Def = Def {
+    name: "checkout_model_breaker_state",
+    help: "The state of a model endpoint's circuit breaker: 1 on the series of its state (closed, open, half_open), 0 on the others.",
+    buckets: None,
+};
+
 const CATALOGUE: &[&Def] = &[
+    &BREAKER_TRANSITIONS,
+    &BREAKER_REFUSED,
+    &FALLBACK_TURNS,
     &EMAILS,
     &PROVIDER_REQUESTS,
     &PROVIDER_DURATION,
@@ -229,6 +256,7 @@ impl Metrics {
                 None => recorder.describe_counter(def.name.into(), None, def.help.into()),
             }
         }
+        recorder.describe_gauge(BREAKER_STATE.name.into(), None, BREAKER_STATE.help.into());
         let handle = recorder.handle();
         let metrics = Metrics(Arc::new(Inner { recorder, handle }));
         // Counters of a closed label set start at zero, so that a rate over them exists
@@ -289,6 +317,38 @@ impl Metrics {
     /// A tool result was replayed from the journal.
     pub fn journal_replayed_tool(&self) {
         self.counter(&JOURNAL_REPLAYED, &[("kind", "tool")], 1);
+    }
+
+    /// A model endpoint's circuit breaker is in `state` (set at start and on each transition).
+    pub fn breaker_state(&self, endpoint: &str, state: BreakerState) {
+        for each in BreakerState::ALL {
+            let labels = [("endpoint", endpoint), ("state", each.as_str())];
+            self.0
+                .recorder
+                .register_gauge(&key(&BREAKER_STATE, &labels), &metadata())
+                .set(if each == state { 1.0 } else { 0.0 });
+        }
+    }
+
+    /// A model endpoint's circuit breaker went from `from` to `to`.
+    pub fn breaker_transition(&self, endpoint: &str, from: BreakerState, to: BreakerState) {
+        let labels = [
+            ("endpoint", endpoint),
+            ("from", from.as_str()),
+            ("to", to.as_str()),
+        ];
+        self.counter(&BREAKER_TRANSITIONS, &labels, 1);
+        self.breaker_state(endpoint, to);
+    }
+
+    /// A model request was not sent: the endpoint's breaker is open.
+    pub fn breaker_refused(&self, endpoint: &str) {
+        self.counter(&BREAKER_REFUSED, &[("endpoint", endpoint)], 1);
+    }
+
+    /// A model turn was answered by `endpoint`, a fallback.
+    pub fn fallback_turn(&self, endpoint: &str) {
+        self.counter(&FALLBACK_TURNS, &[("endpoint", endpoint)], 1);
     }
 
     /// The Prometheus text exposition of everything recorded so far.
@@ -476,6 +536,9 @@ mod tests {
             model: "m".into(),
         };
         metrics.chat(&target, Duration::from_millis(30), Ok(Some((7, 2))));
+        metrics.breaker_transition("m", BreakerState::Closed, BreakerState::Open);
+        metrics.breaker_refused("m");
+        metrics.fallback_turn("m");
         let text = metrics.render();
         for def in CATALOGUE {
             assert!(

@@ -15,6 +15,7 @@ mod idempotency;
 mod journal;
 mod metrics;
 mod model_behaviour;
+mod outage;
 mod process;
 mod provider;
 mod real_server_answers;

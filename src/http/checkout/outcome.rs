@@ -27,8 +27,12 @@ pub struct CheckoutResponse {
     pub amount: String,
     #[schema(example = "USD")]
     pub currency: String,
-    /// The assistant's one-sentence confirmation.
+    /// The one-sentence confirmation.
     pub message: String,
+    /// Who wrote `message`: `model`, or `service` when the order is charged and no model
+    /// endpoint could write it (the service writes it from the receipt).
+    #[schema(example = "model")]
+    pub message_source: &'static str,
     pub receipt: ReceiptView,
     /// True when this operation made the charge; false when the order had been charged
     /// by an earlier operation and its receipt is returned instead.
@@ -63,6 +67,10 @@ pub struct UsageView {
     /// Output (completion) tokens, as the provider reported them.
     #[schema(example = 57)]
     pub output_tokens: u64,
+    /// The models that answered (a fallback's too; replayed answers count), in order of
+    /// first use.
+    #[schema(example = json!(["gpt-4o-mini"]))]
+    pub models: Vec<String>,
 }
 
 impl From<Usage> for UsageView {
@@ -72,6 +80,7 @@ impl From<Usage> for UsageView {
             replayed_steps: usage.replayed_steps,
             input_tokens: usage.input_tokens,
             output_tokens: usage.output_tokens,
+            models: Vec::new(),
         }
     }
 }
@@ -92,6 +101,8 @@ pub(super) fn success(
         replayed_steps = usage.replayed_steps,
         input_tokens = usage.input_tokens,
         output_tokens = usage.output_tokens,
+        message_source = outcome.message_source.as_str(),
+        models = ?ctx.models(),
         "checkout confirmed"
     );
     match format {
@@ -105,11 +116,15 @@ pub(super) fn success(
                 amount: amount.decimal(),
                 currency: amount.currency().code().to_owned(),
                 message: outcome.message,
+                message_source: outcome.message_source.as_str(),
                 receipt: ReceiptView::from(&outcome.receipt),
                 charged: outcome.charged,
                 attempts: outcome.attempts,
                 operation_key: ctx.operation_key().to_string(),
-                usage: UsageView::from(usage),
+                usage: UsageView {
+                    models: ctx.models(),
+                    ..UsageView::from(usage)
+                },
                 confirmation,
             };
             HttpAnswer::json(StatusCode::OK, &body)

@@ -1,0 +1,94 @@
+//! The model endpoints after the primary: one by environment (`OPENAI_FALLBACK_*`), then
+//! any listed in the config file, in order, as `model_fallbacks`:
+//!
+//! ```toml
+//! model_fallbacks = [
+//!   { base_url = "http://10.0.0.7:8000/v1", model = "qwen2.5-7b-instruct" },
+//!   { base_url = "https://api.example.com/v1", model = "m", api_key = "sk-..." },
+//! ]
+//! ```
+
+use super::load::SettingError;
+use super::{ConfigError, Settings};
+use crate::model::ModelEndpoint;
+use crate::secret::Secret;
+
+/// The file key; it has no environment variable (`OPENAI_FALLBACK_*` is the one by
+/// environment).
+pub const FILE_KEY: &str = "model_fallbacks";
+
+impl Settings {
+    /// The fallbacks, in the order they are asked. Each speaks HTTP/1.1 or negotiates
+    /// HTTP/2 by ALPN: `CHECKOUT_MODEL_H2C` is the primary's.
+    pub fn fallback_endpoints(&self) -> Vec<ModelEndpoint> {
+        let model = &self.model;
+        let by_env = model
+            .fallback_base_url
+            .as_ref()
+            .map(|base_url| ModelEndpoint {
+                base_url: base_url.clone(),
+                api_key: model.fallback_api_key.clone(),
+                model: model
+                    .fallback_model
+                    .clone()
+                    .unwrap_or_else(|| model.name.clone()),
+                h2c: false,
+            });
+        by_env
+            .into_iter()
+            .chain(model.file_fallbacks.iter().cloned())
+            .collect()
+    }
+
+    /// A fallback's model or key without its base URL is a mistake, not a default.
+    pub(super) fn check_fallbacks(&self) -> Result<(), ConfigError> {
+        let model = &self.model;
+        if model.fallback_base_url.is_none()
+            && (model.fallback_model.is_some() || model.fallback_api_key.is_some())
+        {
+            return Err(ConfigError::Combination(
+                "OPENAI_FALLBACK_MODEL and OPENAI_FALLBACK_API_KEY name a fallback endpoint, but OPENAI_FALLBACK_BASE_URL is not set".into(),
+            ));
+        }
+        Ok(())
+    }
+
+    pub(super) fn apply_fallbacks(&mut self, value: toml::Value) -> Result<(), ConfigError> {
+        let invalid = |message: String| SettingError {
+            env: "(config file only)",
+            key: FILE_KEY,
+            message,
+        };
+        let toml::Value::Array(items) = value else {
+            return Err(invalid(format!("expected a list of endpoints, got {value}")).into());
+        };
+        let mut endpoints = Vec::new();
+        for item in items {
+            let text = |field: &str| item.get(field).and_then(toml::Value::as_str);
+            let known = ["base_url", "model", "api_key"];
+            let unknown = item
+                .as_table()
+                .and_then(|t| t.keys().find(|k| !known.contains(&k.as_str())).cloned());
+            let (Some(base_url), Some(model), None) = (text("base_url"), text("model"), unknown)
+            else {
+                return Err(invalid(format!(
+                    "each endpoint is {{ base_url = \"http(s)://...\", model = \"...\" }} with an optional api_key, got {item}"
+                ))
+                .into());
+            };
+            if !(base_url.starts_with("http://") || base_url.starts_with("https://")) {
+                return Err(
+                    invalid(format!("{base_url:?} is not an http:// or https:// URL")).into(),
+                );
+            }
+            endpoints.push(ModelEndpoint {
+                base_url: base_url.trim_end_matches('/').to_owned(),
+                api_key: text("api_key").map(Secret::new),
+                model: model.to_owned(),
+                h2c: false,
+            });
+        }
+        self.model.file_fallbacks = endpoints;
+        Ok(())
+    }
+}
