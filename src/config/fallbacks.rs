@@ -92,3 +92,81 @@ impl Settings {
         Ok(())
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use std::time::Duration;
+
+    use super::super::Sources;
+    use super::*;
+
+    fn load(file: &str, env: &[(&str, &str)]) -> Result<Settings, ConfigError> {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("checkout.toml");
+        std::fs::write(&path, file).unwrap();
+        Settings::load(&Sources {
+            config_path: Some(path),
+            env: env
+                .iter()
+                .map(|(k, v)| (k.to_string(), v.to_string()))
+                .collect(),
+            overrides: vec![],
+        })
+    }
+
+    #[test]
+    fn the_env_fallback_comes_first_then_the_files_in_order() {
+        let file = r#"
+            openai_model = "main"
+            model_fallbacks = [
+              { base_url = "http://b:1/v1/", model = "b" },
+              { base_url = "https://c/v1", model = "c", api_key = "sk-c" },
+            ]
+            breaker_window = 10
+        "#;
+        let env = [
+            ("OPENAI_FALLBACK_BASE_URL", "http://a:1/v1"),
+            ("CHECKOUT_BREAKER_OPEN_MS", "250"),
+        ];
+        let s = load(file, &env).unwrap();
+        let endpoints = s.fallback_endpoints();
+        let shown: Vec<String> = endpoints.iter().map(ModelEndpoint::label).collect();
+        assert_eq!(
+            shown,
+            ["main@http://a:1/v1", "b@http://b:1/v1", "c@https://c/v1"]
+        );
+        assert!(
+            endpoints[0].api_key.is_none(),
+            "the primary's key is not sent elsewhere"
+        );
+        assert_eq!(endpoints[2].api_key.as_ref().unwrap().expose(), "sk-c");
+        assert_eq!(s.model.breaker.window, 10);
+        assert_eq!(s.model.breaker.failure_percent, 50);
+        assert_eq!(s.model.breaker.open, Duration::from_millis(250));
+    }
+
+    #[test]
+    fn a_fallback_without_its_url_or_with_an_unknown_field_is_refused() {
+        let err = load("", &[("OPENAI_FALLBACK_MODEL", "m")]).unwrap_err();
+        assert!(
+            err.to_string()
+                .contains("OPENAI_FALLBACK_BASE_URL is not set"),
+            "{err}"
+        );
+        let err = load(
+            r#"model_fallbacks = [{ base_url = "http://b", model = "b", key = "k" }]"#,
+            &[],
+        )
+        .unwrap_err();
+        assert!(err.to_string().contains("model_fallbacks"), "{err}");
+        let err = load(
+            r#"model_fallbacks = [{ base_url = "b", model = "b" }]"#,
+            &[],
+        )
+        .unwrap_err();
+        assert!(
+            err.to_string().contains("not an http:// or https:// URL"),
+            "{err}"
+        );
+    }
+}
