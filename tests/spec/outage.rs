@@ -263,3 +263,40 @@ both_backends!(
         assert_eq!(h.db.all_receipts().await, 4);
     }
 );
+
+const ERRORS: &str = "tests/fixtures/openai-errors";
+
+both_backends!(
+    a_conversation_too_long_for_the_primary_goes_to_the_fallback_and_opens_nothing,
+    |backend| async move {
+        let plan = format!("replay={ERRORS}/context-length-exceeded.http");
+        let (h, fallback) = start(backend, &plan, "", |_| {}).await;
+        let reply = h.checkout("LONG-1", "3.00").await;
+        assert_eq!(reply.status, 200, "{}", reply.text());
+        assert_eq!(models(&reply), [FALLBACK]);
+        // Each turn: one 400 from the primary, never retried there; the fallback once.
+        assert_eq!(h.model.requests(), 2);
+        assert_eq!(fallback.requests(), 2);
+        assert_eq!(breakers(&h).await, ["closed", "closed"]);
+        assert_eq!(h.db.receipts("LONG-1").await, 1);
+    }
+);
+
+both_backends!(
+    a_content_policy_refusal_is_not_retried_anywhere_and_its_reason_reaches_the_client,
+    |backend| async move {
+        let plan = format!("replay={ERRORS}/content-policy-violation.http");
+        let (h, fallback) = start(backend, &plan, "", |_| {}).await;
+        let problem = h.checkout("POLICY-1", "3.00").await.problem(502);
+        assert_eq!(problem["code"], "model_error", "{problem}");
+        assert_eq!(problem["upstreamStatus"], 400, "{problem}");
+        let detail = problem["detail"].as_str().unwrap();
+        assert!(
+            detail.contains("content_policy_violation: Your request was rejected as a result of our safety system"),
+            "{detail}"
+        );
+        assert_eq!(h.model.requests(), 1, "not retried");
+        assert_eq!(fallback.requests(), 0, "not sent elsewhere");
+        assert_eq!(h.db.all_receipts().await, 0);
+    }
+);
