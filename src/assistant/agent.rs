@@ -113,7 +113,7 @@ impl Service<LoopRequest> for AgentLoop {
 
 impl CheckoutOutcome {
     /// The confirmation the service writes from the receipt.
-    fn written_by_service(ctx: &CheckoutContext, receipt: Receipt, attempts: u32) -> Self {
+    pub fn written_by_service(ctx: &CheckoutContext, receipt: Receipt, attempts: u32) -> Self {
         CheckoutOutcome {
             charged: ctx.made(&receipt),
             message: format!(

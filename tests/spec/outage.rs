@@ -300,3 +300,24 @@ both_backends!(
         assert_eq!(h.db.all_receipts().await, 0);
     }
 );
+
+both_backends!(
+    a_charged_order_whose_confirmation_outlasts_the_loop_timeout_is_confirmed_by_the_service,
+    |backend| async move {
+        // The fallback never answers round 2: its request timeouts (400 ms each) outlast
+        // the loop timeout (1 s) on every loop attempt.
+        let (h, _fallback) = start(backend, "503@2", "timeout@2", |s| {
+            s.assistant.retry.timeout = Duration::from_millis(1_000);
+        })
+        .await;
+        let reply = h.checkout("SLOW-1", "8.00").await;
+        assert_eq!(reply.status, 200, "{}", reply.text());
+        let body = reply.json();
+        assert_eq!(body["messageSource"], "service", "{body}");
+        assert_eq!(body["attempts"], 3, "the loop retry had its say first");
+        assert_eq!(models(&reply), [PRIMARY]);
+        assert_eq!(h.db.receipts("SLOW-1").await, 1);
+        // Round 1 once (replayed on the retries), round 2 once per loop attempt.
+        assert_eq!(h.model.requests(), 4);
+    }
+);

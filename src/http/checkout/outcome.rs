@@ -132,6 +132,33 @@ pub(super) fn success(
     }
 }
 
+/// A paid order is never an error: a checkout whose order its attempts saw charged, and
+/// that then ran out of time or of model endpoints for the confirmation sentence (the
+/// loop gives up on a charged order only so), is confirmed with a sentence the service
+/// writes from the receipt.
+pub(super) fn paid_anyway(
+    ctx: &CheckoutContext,
+    err: CheckoutError,
+) -> Result<CheckoutOutcome, CheckoutError> {
+    let ChargeStatus::Charged(receipt) = ctx.charge_status() else {
+        return Err(err);
+    };
+    if !matches!(err.kind, FailureKind::Timeout(_) | FailureKind::Model(_)) {
+        return Err(err);
+    }
+    tracing::warn!(
+        order = %receipt.order_id,
+        receipt = %receipt.id,
+        error = %err,
+        "the order is charged but no model wrote its confirmation in time; the service writes it from the receipt"
+    );
+    Ok(CheckoutOutcome::written_by_service(
+        ctx,
+        receipt,
+        err.attempts,
+    ))
+}
+
 /// The error answer, saying which layer gave up and whether the order is charged.
 pub(super) async fn failure(app: &AppState, ctx: &CheckoutContext, err: CheckoutError) -> Problem {
     let usage = ctx.usage();
