@@ -14,9 +14,13 @@ ARG BINARY=source
 
 FROM rust:1.95-slim-bookworm AS binary-source
 WORKDIR /src
-# The manifest first, so that a change to the code reuses the layer of built dependencies.
+# The manifests first, so that a change to the code reuses the layer of built
+# dependencies. The benchmark's manifest and a placeholder for its source only complete
+# the workspace the lock file names; its code is never built here.
 COPY Cargo.toml Cargo.lock ./
-RUN mkdir src && echo 'fn main() {}' > src/main.rs && touch src/lib.rs \
+COPY bench/Cargo.toml bench/Cargo.toml
+RUN mkdir -p src bench/src && echo 'fn main() {}' > src/main.rs && touch src/lib.rs \
+    && echo 'fn main() {}' > bench/src/main.rs \
     && cargo build --release --locked --bin checkout \
     && rm -rf src
 COPY src src

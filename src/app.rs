@@ -23,7 +23,7 @@ use crate::model::scripted::{Script, ScriptedModel};
 use crate::model::{ModelChain, ModelClient, ModelEndpoint};
 use crate::outbox::{Dispatcher, MailTransport, Outbox};
 use crate::payments::stripe::Stripe;
-use crate::payments::{PaymentGateway, Receipts};
+use crate::payments::{Intents, PaymentGateway, Receipts};
 
 /// Why the service could not start.
 #[derive(Debug, thiserror::Error)]
@@ -104,6 +104,7 @@ impl App {
         let gateway = match settings.stripe() {
             Some(stripe) => PaymentGateway::with_provider(
                 Receipts::new(&db),
+                Intents::new(&db),
                 Stripe::new(&stripe, &metrics).map_err(StartError::PaymentProvider)?,
             ),
             None => PaymentGateway::new(Receipts::new(&db)),
@@ -153,7 +154,11 @@ impl App {
         );
         let sweep_every = (settings.idempotency.ttl / 4)
             .clamp(Duration::from_millis(100), Duration::from_secs(60));
-        workers.spawn(idempotency::sweep_forever(records.clone(), sweep_every));
+        workers.spawn(idempotency::sweep_forever(
+            records.clone(),
+            sweep_every,
+            settings.idempotency.ttl,
+        ));
         workers.spawn(gate.clone().watch_for_keys());
         let recovering = settings.idempotency.recovery;
         let state = AppState::new(Parts {

@@ -5,7 +5,7 @@ use std::sync::{Arc, Mutex};
 use crate::journal::{Entry, JournalKey, NewEntry};
 use crate::model::Completion;
 use crate::outbox::Recipient;
-use crate::payments::{ChargeKey, OperationKey, Order, OrderId, PaymentGateway, Receipt};
+use crate::payments::{Charge, ChargeKey, OperationKey, Order, OrderId, PaymentGateway, Receipt};
 
 /// Everything one checkout carries through every retried unit: the order the client
 /// authorized and the keys the handler made for it before anything was retried.
@@ -60,20 +60,20 @@ struct ChargeState {
 
 impl CheckoutContext {
     /// Made by the HTTP handler, from the validated order, before the loop starts. The
-    /// operation is the caller's (`scope`); `fence` is its Idempotency-Key lease, if it
+    /// operation is `caller`'s; `fence` is its Idempotency-Key lease, if it
     /// has one.
     pub fn new(
         order: Order,
         email: Option<Recipient>,
         operation_key: OperationKey,
-        scope: &str,
+        caller: &str,
         fence: Option<i64>,
     ) -> Self {
         CheckoutContext(Arc::new(Inner {
             email,
             charge_key: order.charge_key(),
             journal: JournalKey {
-                scope: scope.to_owned(),
+                caller: caller.to_owned(),
                 operation_key: operation_key.as_str().to_owned(),
                 fence,
             },
@@ -91,7 +91,7 @@ impl CheckoutContext {
     /// Idempotency-Key from two callers is two operations).
     pub fn made(&self, receipt: &Receipt) -> bool {
         receipt.operation_key == self.operation_key().as_str()
-            && receipt.caller == self.0.journal.scope
+            && receipt.caller == self.0.journal.caller
     }
 
     pub fn journal_key(&self) -> &JournalKey {
@@ -159,6 +159,20 @@ impl CheckoutContext {
 
     pub fn charge_key(&self) -> &ChargeKey {
         &self.0.charge_key
+    }
+
+    /// The one charge this checkout may make: its order's key and amount, paid with its
+    /// payment method, for this operation of this caller. The model's arguments have no
+    /// part in it.
+    pub fn charge(&self) -> Charge<'_> {
+        let order = &self.0.order;
+        Charge::new(
+            &self.0.charge_key,
+            order.amount(),
+            &self.0.operation_key,
+            &self.0.journal.caller,
+        )
+        .paid_with(order.payment_method())
     }
 
     pub fn operation_key(&self) -> &OperationKey {

@@ -137,18 +137,11 @@ impl ToolBox {
         let mut journaled = false;
         let charged = self
             .gateway
-            .charge_journaled(
-                ctx.charge_key(),
-                order.amount(),
-                order.payment_method(),
-                ctx.operation_key(),
-                &ctx.journal_key().scope,
-                |made| {
-                    let entries = journal(charge_result(made, false));
-                    journaled = !entries.is_empty();
-                    entries
-                },
-            )
+            .charge_journaled(&ctx.charge(), |made| {
+                let entries = journal(charge_result(made, false));
+                journaled = !entries.is_empty();
+                entries
+            })
             .await
             .inspect_err(|err| {
                 if err.charged_nothing() {
@@ -193,7 +186,7 @@ impl ToolBox {
         let key = ctx.journal_key();
         let queued = self
             .outbox
-            .queue_confirmation(&key.scope, &key.operation_key, email, &receipt)
+            .queue_confirmation(&key.caller, &key.operation_key, email, &receipt)
             .await?;
         tracing::info!(order = %receipt.order_id, message_id = %queued.message_id, status = %queued.status, "send_confirmation tool: the confirmation is in the outbox");
         Ok(ToolOutput {

@@ -21,7 +21,7 @@ use crate::db::{Database, StoreError};
 
 /// Who is calling. An authentication layer that knows the caller inserts this into the
 /// request's extensions, and keys are then scoped to it: two callers may use the same key
-/// without meeting. Without it, every request is the anonymous caller (scope `""`).
+/// without meeting. Without it, every request is the anonymous caller `""`.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct Caller(pub String);
 

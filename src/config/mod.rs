@@ -74,9 +74,12 @@ pub struct PaymentSettings {
     pub stripe_api_key: Option<Secret>,
     /// How long the provider keeps an idempotency key's result (Stripe: 24 h).
     pub key_retention: Duration,
-    /// One request to the provider: its timeout and retries.
+    /// One request to the provider: its timeout, retries and the backoff between them
+    /// (its own, not the model's: the two have different peers and limits).
     pub timeout: Duration,
     pub max_retries: u32,
+    pub backoff_min: Duration,
+    pub backoff_max: Duration,
 }
 
 /// Who moves the money.
@@ -180,6 +183,8 @@ impl Default for Settings {
                 key_retention: Duration::from_secs(24 * 60 * 60),
                 timeout: Duration::from_millis(10_000),
                 max_retries: 2,
+                backoff_min: Duration::from_millis(200),
+                backoff_max: Duration::from_millis(2_000),
             },
             database: DatabaseSettings {
                 url: "sqlite://checkout.db".into(),
@@ -279,6 +284,12 @@ impl Settings {
                 "CHECKOUT_LOOP_BACKOFF_MS must not exceed CHECKOUT_LOOP_BACKOFF_MAX_MS".into(),
             ));
         }
+        if self.payments.backoff_min > self.payments.backoff_max {
+            return Err(ConfigError::Combination(
+                "CHECKOUT_PROVIDER_BACKOFF_MS must not exceed CHECKOUT_PROVIDER_BACKOFF_MAX_MS"
+                    .into(),
+            ));
+        }
         if self.mail.backoff_min > self.mail.backoff_max {
             return Err(ConfigError::Combination(
                 "CHECKOUT_MAIL_BACKOFF_MS must not exceed CHECKOUT_MAIL_BACKOFF_MAX_MS".into(),
@@ -338,8 +349,8 @@ impl Settings {
             api_key: payments.stripe_api_key.clone()?,
             timeout: payments.timeout,
             max_retries: payments.max_retries,
-            backoff_min: self.request.backoff_min,
-            backoff_max: self.request.backoff_max,
+            backoff_min: payments.backoff_min,
+            backoff_max: payments.backoff_max,
             key_retention: payments.key_retention,
         })
     }

@@ -28,6 +28,8 @@ pub const SETTINGS: &[(&str, &str, Setter)] = &[
     ("provider_key_retention_secs", "CHECKOUT_PROVIDER_KEY_RETENTION_SECS", |s, v| put(&mut s.payments.key_retention, number(v, 1, 30 * 24 * 3600).map(Duration::from_secs))),
     ("provider_timeout_ms", "CHECKOUT_PROVIDER_TIMEOUT_MS", |s, v| put(&mut s.payments.timeout, millis(v, 1))),
     ("provider_max_retries", "CHECKOUT_PROVIDER_MAX_RETRIES", |s, v| put(&mut s.payments.max_retries, number(v, 0, 10))),
+    ("provider_backoff_ms", "CHECKOUT_PROVIDER_BACKOFF_MS", |s, v| put(&mut s.payments.backoff_min, millis(v, 1))),
+    ("provider_backoff_max_ms", "CHECKOUT_PROVIDER_BACKOFF_MAX_MS", |s, v| put(&mut s.payments.backoff_max, millis(v, 1))),
     ("database_url", "DATABASE_URL", |s, v| put(&mut s.database.url, database_url(v))),
     ("db_max_connections", "CHECKOUT_DB_MAX_CONNECTIONS", |s, v| put(&mut s.database.pool.max_connections, number(v, 1, 1000))),
     ("db_acquire_timeout_ms", "CHECKOUT_DB_ACQUIRE_TIMEOUT_MS", |s, v| put(&mut s.database.pool.acquire_timeout, millis(v, 1))),

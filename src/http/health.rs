@@ -7,6 +7,7 @@ use serde::Serialize;
 use utoipa::ToSchema;
 
 use super::state::{AppState, ModelInfo};
+use crate::config::{PaymentProvider, PaymentSettings};
 use std::collections::BTreeMap;
 
 use utoipa::IntoResponses;
@@ -28,6 +29,7 @@ pub struct Ready {
     #[schema(example = "sqlite")]
     database: &'static str,
     model: ModelInfo,
+    payments: PaymentInfo,
     /// Every model endpoint, the primary first, with its circuit breaker's state. An
     /// open breaker does not make the instance unready: restarting it would not bring
     /// the endpoint back.
@@ -45,12 +47,40 @@ pub struct EndpointReady {
     breaker: &'static str,
 }
 
+/// Who moves the money.
+#[derive(Serialize, ToSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct PaymentInfo {
+    /// `ledger` (the receipts table is the record of charges; no money moves elsewhere) or
+    /// `stripe` (Stripe's PaymentIntents API, or a server speaking its subset).
+    #[schema(example = "ledger")]
+    provider: &'static str,
+    /// The payment provider's API, with `stripe`.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    base_url: Option<String>,
+}
+
+impl PaymentInfo {
+    fn of(payments: &PaymentSettings) -> PaymentInfo {
+        match payments.provider {
+            PaymentProvider::Ledger => PaymentInfo {
+                provider: "ledger",
+                base_url: None,
+            },
+            PaymentProvider::Stripe => PaymentInfo {
+                provider: "stripe",
+                base_url: Some(payments.stripe_base_url.clone()),
+            },
+        }
+    }
+}
+
 #[utoipa::path(
     get,
     path = "/health/live",
     tag = "health",
     summary = "The process is up",
-    responses((status = 200, body = Live))
+    responses((status = 200, description = "The process runs", body = Live))
 )]
 pub async fn live() -> Json<Live> {
     Json(Live { status: "live" })
@@ -82,9 +112,9 @@ fn not_ready(database: &str, err: impl std::fmt::Display) -> Problem {
     get,
     path = "/health/ready",
     tag = "health",
-    summary = "The database answers; names the model provider in use",
+    summary = "The database answers; names the model and the payment provider in use",
     responses(
-        (status = 200, body = Ready),
+        (status = 200, description = "The database answers: the instance can take checkouts", body = Ready),
         NotReady,
     )
 )]
@@ -94,6 +124,7 @@ pub async fn ready(State(app): State<AppState>) -> Response {
             status: "ready",
             database: app.db().kind(),
             model: app.model_info().clone(),
+            payments: PaymentInfo::of(&app.settings().payments),
             endpoints: app
                 .model_info()
                 .breakers

@@ -110,7 +110,7 @@ impl IntoParams for IdempotencyKey {
 /// The work is given the lease it runs under (its fence names it to the journal).
 pub async fn once<F>(
     app: &AppState,
-    scope: &str,
+    caller: &str,
     key: &OperationKey,
     fingerprint: &Fingerprint,
     work: impl FnOnce(&Lease) -> F,
@@ -121,7 +121,7 @@ where
     let settings = app.settings();
     let begun = idempotency::begin(
         app.records(),
-        scope,
+        caller,
         key.as_str(),
         fingerprint,
         settings.idempotency.lease,

@@ -1,6 +1,7 @@
 //! The HTTP API: router, one file per resource, errors, the OpenAPI document.
 
 pub mod answer;
+mod api_doc;
 pub mod auth;
 pub mod checkout;
 pub mod error;
@@ -81,7 +82,12 @@ pub fn router(state: AppState) -> Router {
     let server_timeout = settings.server.timeout;
     let metrics = state.metrics().clone();
     router
-        .merge(SwaggerUi::new("/swagger-ui").url("/api-docs/openapi.json", api))
+        .merge(SwaggerUi::new("/swagger-ui").config(utoipa_swagger_ui::Config::from(api_doc::PATH)))
+        .route(
+            api_doc::PATH,
+            axum::routing::get(api_doc::serve)
+                .with_state((state.clone(), api_doc::ApiDocs::new(api))),
+        )
         .fallback(|| async { Problem::new(Code::NotFound, "no such endpoint; see /swagger-ui/") })
         .layer(DefaultBodyLimit::max(settings.server.body_limit_bytes))
         .layer(TimeoutLayer::with_status_code(
@@ -115,9 +121,15 @@ pub fn router(state: AppState) -> Router {
         .with_state(state)
 }
 
-/// The OpenAPI document, as served at `/api-docs/openapi.json`.
-pub fn openapi() -> utoipa::openapi::OpenApi {
-    api_parts(None).1
+/// The OpenAPI document as served at `/api-docs/openapi.json`: with the API key
+/// required, or (`open`) optional, as the service is while it needs no key.
+pub fn openapi(open: bool) -> utoipa::openapi::OpenApi {
+    let doc = api_parts(None).1;
+    if open {
+        api_doc::key_optional(doc)
+    } else {
+        doc
+    }
 }
 
 /// The routes and their document; with the state, the callers' routes behind the API key

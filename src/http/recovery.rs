@@ -42,12 +42,12 @@ pub async fn sweep_forever(app: AppState) {
 async fn recover(app: &AppState, operation: Lapsed) {
     let settings = app.settings();
     let max = i64::from(settings.idempotency.recovery_max_attempts);
-    let (scope, key) = (operation.scope.clone(), operation.key.clone());
+    let (caller, key) = (operation.caller.clone(), operation.key.clone());
     if operation.recoveries >= max {
         match app.records().give_up(&operation, max).await {
             Ok(true) => tracing::error!(
                 key,
-                scope,
+                caller,
                 recoveries = operation.recoveries,
                 "recovery sweep: gave up on an operation resumed {} time(s) without finishing; it needs attention (idempotency_keys.attention_at is set; its journal, receipt and outbox rows say how far it got). A client's retry with its Idempotency-Key still resumes it",
                 operation.recoveries
@@ -69,7 +69,7 @@ async fn recover(app: &AppState, operation: Lapsed) {
     ) {
         Ok(request) => request,
         Err(err) => {
-            tracing::error!(key, scope, error = %err, "recovery sweep: the operation's recorded request does not read; not resumed");
+            tracing::error!(key, caller, error = %err, "recovery sweep: the operation's recorded request does not read; not resumed");
             return;
         }
     };
@@ -88,7 +88,7 @@ async fn recover(app: &AppState, operation: Lapsed) {
     };
     tracing::warn!(
         key,
-        scope,
+        caller,
         fence = lease.fence,
         recovery = operation.recoveries + 1,
         of = max,
@@ -98,7 +98,7 @@ async fn recover(app: &AppState, operation: Lapsed) {
     let fence = Some(lease.fence);
     let work = {
         let app = app.clone();
-        async move { checkout::run(&app, order, email, operation_key, &scope, fence, format).await }
+        async move { checkout::run(&app, order, email, operation_key, &caller, fence, format).await }
     };
     let answer = idempotent::resume(app, lease, work).await;
     if answer.final_outcome {

@@ -17,7 +17,7 @@ pub use records::{Lapsed, Lease, Saved};
 
 use crate::db::{Database, StoreError};
 use crate::journal;
-use crate::outbox::Recipient;
+use crate::outbox::{self, Recipient};
 use crate::payments::Order;
 
 /// What makes two requests the same request: method, path, and the canonical order.
@@ -136,11 +136,13 @@ impl Records {
         records::give_up(self.db.acquire().await?.conn(), lapsed, max).await
     }
 
-    /// Deletes expired records, and expired journal entries (they expire with their
-    /// operation's record); how many records.
-    pub async fn sweep(&self) -> Result<u64, StoreError> {
+    /// Deletes expired records, expired journal entries (they expire with their
+    /// operation's record) and the outbox rows whose delivery ended longer than `ttl`
+    /// ago; how many records.
+    pub async fn sweep(&self, ttl: Duration) -> Result<u64, StoreError> {
         let mut conn = self.db.acquire().await?;
         journal::sweep(conn.conn()).await?;
+        outbox::sweep(conn.conn(), ttl).await?;
         records::sweep(conn.conn()).await
     }
 }
@@ -148,7 +150,7 @@ impl Records {
 /// Claims `key` for this request, or says why not.
 pub async fn begin(
     store: &Records,
-    scope: &str,
+    caller: &str,
     key: &str,
     fingerprint: &Fingerprint,
     lease: Duration,
@@ -160,18 +162,18 @@ pub async fn begin(
     for _ in 0..8 {
         let (fp, request) = (fingerprint.as_str(), fingerprint.request());
         if let Some(fence) =
-            records::insert(conn.conn(), scope, key, fp, &request, lease, ttl).await?
+            records::insert(conn.conn(), caller, key, fp, &request, lease, ttl).await?
         {
-            return Ok(Begin::Owner(lease_of(scope, key, fence)));
+            return Ok(Begin::Owner(lease_of(caller, key, fence)));
         }
-        let Some(record) = records::read(conn.conn(), scope, key).await? else {
+        let Some(record) = records::read(conn.conn(), caller, key).await? else {
             continue; // swept between our insert and our read
         };
         if record.expired {
             // The operation's journal goes first: a new operation under this key must
             // not resume the old one's.
-            journal::forget(conn.conn(), scope, key).await?;
-            records::forget_expired(conn.conn(), scope, key).await?;
+            journal::forget(conn.conn(), caller, key).await?;
+            records::forget_expired(conn.conn(), caller, key).await?;
             continue;
         }
         if record.fingerprint != fingerprint.as_str() {
@@ -186,14 +188,14 @@ pub async fn begin(
             });
         }
         if let Some(fence) =
-            records::take_over(conn.conn(), scope, key, record.fence, lease).await?
+            records::take_over(conn.conn(), caller, key, record.fence, lease).await?
         {
             tracing::warn!(
                 key,
                 fence,
                 "took over an Idempotency-Key whose lease had lapsed"
             );
-            return Ok(Begin::Owner(lease_of(scope, key, fence)));
+            return Ok(Begin::Owner(lease_of(caller, key, fence)));
         }
     }
     Ok(Begin::InFlight {
@@ -201,21 +203,22 @@ pub async fn begin(
     })
 }
 
-fn lease_of(scope: &str, key: &str, fence: i64) -> Lease {
+fn lease_of(caller: &str, key: &str, fence: i64) -> Lease {
     Lease {
-        scope: scope.to_owned(),
+        caller: caller.to_owned(),
         key: key.to_owned(),
         fence,
     }
 }
 
-/// Deletes expired records every `every`, for as long as the service runs.
-pub async fn sweep_forever(store: Records, every: Duration) {
+/// Deletes expired records (and what expires with them, [`Records::sweep`]) every
+/// `every`, for as long as the service runs.
+pub async fn sweep_forever(store: Records, every: Duration, ttl: Duration) {
     let mut tick = tokio::time::interval(every);
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     loop {
         tick.tick().await;
-        match store.sweep().await {
+        match store.sweep(ttl).await {
             Ok(0) => {}
             Ok(n) => tracing::debug!(removed = n, "swept expired Idempotency-Keys"),
             Err(err) => tracing::warn!(error = %err, "cannot sweep expired Idempotency-Keys"),

@@ -8,7 +8,7 @@ use crate::db::{Conn, StoreError, on_conn};
 /// The right to work on a key, until the lease lapses or another instance takes it.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Lease {
-    pub scope: String,
+    pub caller: String,
     pub key: String,
     pub fence: i64,
 }
@@ -90,7 +90,9 @@ const GIVE_UP: &str = "\
 /// An unfinished operation whose lease lapsed.
 #[derive(Debug, sqlx::FromRow)]
 pub struct Lapsed {
-    pub scope: String,
+    /// The caller (its column keeps its first name, `scope`).
+    #[sqlx(rename = "scope")]
+    pub caller: String,
     pub key: String,
     pub fence: i64,
     /// What it was asked, as its handler recorded it.
@@ -121,7 +123,7 @@ pub async fn recover(
     max: i64,
 ) -> Result<Option<Lease>, StoreError> {
     let fence: Option<i64> = on_conn!(conn, c => sqlx::query_scalar(RECOVER)
-        .bind(&lapsed.scope)
+        .bind(&lapsed.caller)
         .bind(&lapsed.key)
         .bind(lapsed.fence)
         .bind(millis(lease))
@@ -129,7 +131,7 @@ pub async fn recover(
         .fetch_optional(c)
         .await?);
     Ok(fence.map(|fence| Lease {
-        scope: lapsed.scope.clone(),
+        caller: lapsed.caller.clone(),
         key: lapsed.key.clone(),
         fence,
     }))
@@ -139,7 +141,7 @@ pub async fn recover(
 /// this call marked it.
 pub async fn give_up(conn: Conn<'_>, lapsed: &Lapsed, max: i64) -> Result<bool, StoreError> {
     let done = on_conn!(conn, c => sqlx::query(GIVE_UP)
-        .bind(&lapsed.scope)
+        .bind(&lapsed.caller)
         .bind(&lapsed.key)
         .bind(lapsed.fence)
         .bind(max)
@@ -153,7 +155,7 @@ pub async fn give_up(conn: Conn<'_>, lapsed: &Lapsed, max: i64) -> Result<bool, 
 /// `request` is what the recovery sweep rebuilds the operation from.
 pub async fn insert(
     conn: Conn<'_>,
-    scope: &str,
+    caller: &str,
     key: &str,
     fingerprint: &str,
     request: &str,
@@ -161,7 +163,7 @@ pub async fn insert(
     ttl: Duration,
 ) -> Result<Option<i64>, StoreError> {
     Ok(on_conn!(conn, c => sqlx::query_scalar(INSERT)
-        .bind(scope)
+        .bind(caller)
         .bind(key)
         .bind(fingerprint)
         .bind(millis(lease))
@@ -171,9 +173,9 @@ pub async fn insert(
         .await?))
 }
 
-pub async fn read(conn: Conn<'_>, scope: &str, key: &str) -> Result<Option<Record>, StoreError> {
+pub async fn read(conn: Conn<'_>, caller: &str, key: &str) -> Result<Option<Record>, StoreError> {
     let row: Option<Stored> = on_conn!(conn, c => sqlx::query_as(READ)
-        .bind(scope)
+        .bind(caller)
         .bind(key)
         .fetch_optional(c)
         .await?);
@@ -181,9 +183,9 @@ pub async fn read(conn: Conn<'_>, scope: &str, key: &str) -> Result<Option<Recor
 }
 
 /// Deletes the record if it has expired.
-pub async fn forget_expired(conn: Conn<'_>, scope: &str, key: &str) -> Result<(), StoreError> {
+pub async fn forget_expired(conn: Conn<'_>, caller: &str, key: &str) -> Result<(), StoreError> {
     on_conn!(conn, c => sqlx::query(FORGET_EXPIRED)
-        .bind(scope)
+        .bind(caller)
         .bind(key)
         .execute(c)
         .await
@@ -195,13 +197,13 @@ pub async fn forget_expired(conn: Conn<'_>, scope: &str, key: &str) -> Result<()
 /// the new fence, or `None` when someone else got there first.
 pub async fn take_over(
     conn: Conn<'_>,
-    scope: &str,
+    caller: &str,
     key: &str,
     fence: i64,
     lease: Duration,
 ) -> Result<Option<i64>, StoreError> {
     Ok(on_conn!(conn, c => sqlx::query_scalar(TAKE_OVER)
-        .bind(scope)
+        .bind(caller)
         .bind(key)
         .bind(fence)
         .bind(millis(lease))
@@ -212,7 +214,7 @@ pub async fn take_over(
 /// Extends the lease; false when it is no longer ours.
 pub async fn renew(conn: Conn<'_>, lease: &Lease, lease_for: Duration) -> Result<bool, StoreError> {
     let done = on_conn!(conn, c => sqlx::query(RENEW)
-        .bind(&lease.scope)
+        .bind(&lease.caller)
         .bind(&lease.key)
         .bind(lease.fence)
         .bind(millis(lease_for))
@@ -225,7 +227,7 @@ pub async fn renew(conn: Conn<'_>, lease: &Lease, lease_for: Duration) -> Result
 /// Saves the answer; false when the lease is no longer ours (nothing is written).
 pub async fn complete(conn: Conn<'_>, lease: &Lease, saved: &Saved) -> Result<bool, StoreError> {
     let done = on_conn!(conn, c => sqlx::query(COMPLETE)
-        .bind(&lease.scope)
+        .bind(&lease.caller)
         .bind(&lease.key)
         .bind(lease.fence)
         .bind(i64::from(saved.status))
@@ -240,7 +242,7 @@ pub async fn complete(conn: Conn<'_>, lease: &Lease, saved: &Saved) -> Result<bo
 /// Ends the lease now without an answer, so the next request runs the operation again.
 pub async fn release(conn: Conn<'_>, lease: &Lease) -> Result<bool, StoreError> {
     let done = on_conn!(conn, c => sqlx::query(RELEASE)
-        .bind(&lease.scope)
+        .bind(&lease.caller)
         .bind(&lease.key)
         .bind(lease.fence)
         .execute(c)

@@ -1,5 +1,5 @@
 //! The `agent_journal` table: an operation's model answers and tool results, in order,
-//! under (caller scope, operation key, step). The assistant reads it to resume a loop
+//! under (caller, operation key, step). The assistant reads it to resume a loop
 //! where it stopped (`assistant::memory`); this module only stores rows.
 //!
 //! Rows are appended through a group writer (one statement, one commit for every row
@@ -20,7 +20,7 @@ use crate::db::{Conn, Database, GroupWrite, GroupWriter, StoreError, on_conn};
 /// Which journal, and the right to append to it.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct JournalKey {
-    pub scope: String,
+    pub caller: String,
     pub operation_key: String,
     /// The fence of the operation's Idempotency-Key lease; `None` for an operation
     /// without a key (its minted key is its own, and nobody else can reach it).
@@ -113,10 +113,10 @@ impl Journal {
     }
 
     /// The journal of an operation, step by step.
-    pub async fn load(&self, scope: &str, operation_key: &str) -> Result<Vec<Entry>, StoreError> {
+    pub async fn load(&self, caller: &str, operation_key: &str) -> Result<Vec<Entry>, StoreError> {
         let mut conn = self.db.acquire().await?;
         Ok(on_conn!(conn.conn(), c => sqlx::query_as(LOAD)
-            .bind(scope)
+            .bind(caller)
             .bind(operation_key)
             .fetch_all(c)
             .await?))
@@ -127,7 +127,7 @@ impl Journal {
     pub async fn discard(&self, key: &JournalKey) -> Result<bool, StoreError> {
         let mut conn = self.db.acquire().await?;
         let deleted = on_conn!(conn.conn(), c => sqlx::query(DISCARD)
-            .bind(&key.scope)
+            .bind(&key.caller)
             .bind(&key.operation_key)
             .bind(key.fence)
             .execute(c)
@@ -151,8 +151,8 @@ const FORGET: &str = "DELETE FROM agent_journal WHERE scope = $1 AND operation_k
 const SWEEP: &str = "DELETE FROM agent_journal WHERE expires_at <= (SELECT now_ms FROM clock)";
 
 /// Deletes an operation's journal (its Idempotency-Key record is being forgotten).
-pub async fn forget(conn: Conn<'_>, scope: &str, operation_key: &str) -> Result<(), StoreError> {
-    on_conn!(conn, c => sqlx::query(FORGET).bind(scope).bind(operation_key).execute(c).await.map(drop)?);
+pub async fn forget(conn: Conn<'_>, caller: &str, operation_key: &str) -> Result<(), StoreError> {
+    on_conn!(conn, c => sqlx::query(FORGET).bind(caller).bind(operation_key).execute(c).await.map(drop)?);
     Ok(())
 }
 
@@ -257,7 +257,7 @@ impl GroupWrite for Entries {
     fn order(a: &Vec<NewEntry>, b: &Vec<NewEntry>) -> Ordering {
         let first = |rows: &Vec<NewEntry>| {
             rows.first()
-                .map(|r| (r.key.scope.clone(), r.key.operation_key.clone(), r.step))
+                .map(|r| (r.key.caller.clone(), r.key.operation_key.clone(), r.step))
         };
         first(a).cmp(&first(b))
     }
@@ -270,7 +270,7 @@ impl GroupWrite for Entries {
             .iter()
             .map(|steps| {
                 steps.iter().all(|r| {
-                    written.contains(&(r.key.scope.clone(), r.key.operation_key.clone(), r.step))
+                    written.contains(&(r.key.caller.clone(), r.key.operation_key.clone(), r.step))
                 })
             })
             .collect())
@@ -307,7 +307,7 @@ pub(crate) async fn insert_sqlite(
     let mut statement = QueryBuilder::new(SQLITE_INSERT_HEAD);
     statement.push_values(rows, |mut values, row| {
         values
-            .push_bind(row.key.scope.clone())
+            .push_bind(row.key.caller.clone())
             .push_bind(row.key.operation_key.clone())
             .push_bind(row.step)
             .push_bind(row.kind.as_str())
@@ -329,7 +329,7 @@ pub(crate) async fn insert_sqlite(
 #[derive(Default)]
 pub(crate) struct PgEntries {
     receipt: Vec<Option<String>>,
-    scope: Vec<String>,
+    caller: Vec<String>,
     operation_key: Vec<String>,
     step: Vec<i64>,
     kind: Vec<&'static str>,
@@ -348,7 +348,7 @@ impl PgEntries {
         let mut arrays = PgEntries::default();
         for (receipt, row) in rows {
             arrays.receipt.push(receipt);
-            arrays.scope.push(row.key.scope.clone());
+            arrays.caller.push(row.key.caller.clone());
             arrays.operation_key.push(row.key.operation_key.clone());
             arrays.step.push(row.step);
             arrays.kind.push(row.kind.as_str());
@@ -370,7 +370,7 @@ impl PgEntries {
     ) -> QueryAs<'q, Postgres, O, PgArguments> {
         query
             .bind(self.receipt)
-            .bind(self.scope)
+            .bind(self.caller)
             .bind(self.operation_key)
             .bind(self.step)
             .bind(self.kind)

@@ -14,9 +14,9 @@ use crate::payments::Receipt;
 /// The Message-ID of an operation's message of `kind`: derived from the operation key and
 /// its caller, so every delivery of it, by any instance, carries the same one and a
 /// receiver can tell a repeat from a second message.
-pub fn message_id(scope: &str, operation_key: &str, kind: &str, sender: &Mailbox) -> String {
+pub fn message_id(caller: &str, operation_key: &str, kind: &str, sender: &Mailbox) -> String {
     let mut hash = Sha256::new();
-    for part in [scope, operation_key, kind] {
+    for part in [caller, operation_key, kind] {
         // Length-prefixed: ("a", "bc") and ("ab", "c") hash apart.
         hash.update((part.len() as u64).to_be_bytes());
         hash.update(part.as_bytes());

@@ -1,6 +1,6 @@
 //! The `outbox` table, and the dispatcher that empties it: effects that leave the service
 //! and have no natural key. The one there is, the confirmation email, is keyed by the
-//! operation key the handler made: one row per (caller scope, operation key, kind), by the
+//! operation key the handler made: one row per (caller, operation key, kind), by the
 //! primary key, so a second call of the tool, a loop retry, the client's retry with the
 //! same Idempotency-Key or a resume after a crash finds the row and writes nothing new.
 //!
@@ -13,6 +13,7 @@ mod dispatcher;
 mod message;
 
 use std::sync::Arc;
+use std::time::Duration;
 
 use lettre::message::Mailbox;
 use serde::Serialize;
@@ -64,7 +65,9 @@ pub enum QueueError {
 /// A row a dispatcher claimed: what to send, and the claim that lets it record the outcome.
 #[derive(Clone, Debug, sqlx::FromRow)]
 pub struct Claimed {
-    pub scope: String,
+    /// The caller (its column keeps its first name, `scope`).
+    #[sqlx(rename = "scope")]
+    pub caller: String,
     pub operation_key: String,
     pub kind: String,
     pub message_id: String,
@@ -89,16 +92,16 @@ impl Outbox {
     /// either way, the operation's confirmation as it stands.
     pub async fn queue_confirmation(
         &self,
-        scope: &str,
+        caller: &str,
         operation_key: &str,
         to: &Recipient,
         receipt: &Receipt,
     ) -> Result<Confirmation, QueueError> {
-        let id = message_id(scope, operation_key, CONFIRMATION, &self.sender);
+        let id = message_id(caller, operation_key, CONFIRMATION, &self.sender);
         let message = message::confirmation(&self.sender, to, &id, receipt)?;
         let mut conn = self.db.acquire().await?;
         let written = on_conn!(conn.conn(), c => sqlx::query(INSERT)
-            .bind(scope)
+            .bind(caller)
             .bind(operation_key)
             .bind(CONFIRMATION)
             .bind(&id)
@@ -109,7 +112,7 @@ impl Outbox {
             .await
             .map_err(StoreError::from)?
             .rows_affected());
-        let confirmation = read(conn.conn(), scope, operation_key, CONFIRMATION)
+        let confirmation = read(conn.conn(), caller, operation_key, CONFIRMATION)
             .await?
             .ok_or_else(|| StoreError::Corrupt("the outbox row vanished once written".into()))?;
         if written == 1 {
@@ -121,11 +124,11 @@ impl Outbox {
     /// The operation's confirmation, if it has one.
     pub async fn confirmation(
         &self,
-        scope: &str,
+        caller: &str,
         operation_key: &str,
     ) -> Result<Option<Confirmation>, StoreError> {
         let mut conn = self.db.acquire().await?;
-        read(conn.conn(), scope, operation_key, CONFIRMATION).await
+        read(conn.conn(), caller, operation_key, CONFIRMATION).await
     }
 
     /// Claims up to `limit` rows that are due, each for `lease_ms`: no other dispatcher
@@ -159,7 +162,7 @@ impl Outbox {
     pub(crate) async fn sent(&self, row: &Claimed) -> Result<(), StoreError> {
         let mut conn = self.db.acquire().await?;
         on_conn!(conn.conn(), c => sqlx::query(SENT)
-            .bind(&row.scope)
+            .bind(&row.caller)
             .bind(&row.operation_key)
             .bind(&row.kind)
             .execute(c)
@@ -177,7 +180,7 @@ impl Outbox {
     ) -> Result<(), StoreError> {
         let mut conn = self.db.acquire().await?;
         on_conn!(conn.conn(), c => sqlx::query(RETRY)
-            .bind(&row.scope)
+            .bind(&row.caller)
             .bind(&row.operation_key)
             .bind(&row.kind)
             .bind(row.claim)
@@ -193,7 +196,7 @@ impl Outbox {
     pub(crate) async fn failed(&self, row: &Claimed, error: &str) -> Result<(), StoreError> {
         let mut conn = self.db.acquire().await?;
         on_conn!(conn.conn(), c => sqlx::query(FAILED)
-            .bind(&row.scope)
+            .bind(&row.caller)
             .bind(&row.operation_key)
             .bind(&row.kind)
             .bind(row.claim)
@@ -211,14 +214,26 @@ impl Outbox {
     }
 }
 
+/// Deletes the rows whose delivery ended (sent or failed) more than `retention` ago:
+/// they guard an operation against a second message only while its key can be replayed,
+/// which is the idempotency records' retention. Queued rows are never swept.
+pub async fn sweep(conn: Conn<'_>, retention: Duration) -> Result<u64, StoreError> {
+    let retention_ms = i64::try_from(retention.as_millis()).unwrap_or(i64::MAX);
+    Ok(on_conn!(conn, c => sqlx::query(SWEEP)
+        .bind(retention_ms)
+        .execute(c)
+        .await?
+        .rows_affected()))
+}
+
 async fn read(
     conn: Conn<'_>,
-    scope: &str,
+    caller: &str,
     operation_key: &str,
     kind: &str,
 ) -> Result<Option<Confirmation>, StoreError> {
     let row: Option<(String, String)> = on_conn!(conn, c => sqlx::query_as(READ)
-        .bind(scope)
+        .bind(caller)
         .bind(operation_key)
         .bind(kind)
         .fetch_optional(c)
@@ -263,6 +278,8 @@ const RETRY: &str = "\
     UPDATE outbox SET claimed_until = NULL, last_error = $5, \
     next_attempt_at = (SELECT now_ms FROM clock) + $6 \
     WHERE scope = $1 AND operation_key = $2 AND kind = $3 AND claim = $4 AND status = 'queued'";
+const SWEEP: &str = "\
+    DELETE FROM outbox WHERE status <> 'queued' AND created_at <= (SELECT now_ms FROM clock) - $1";
 const FAILED: &str = "\
     UPDATE outbox SET status = 'failed', claimed_until = NULL, last_error = $5 \
     WHERE scope = $1 AND operation_key = $2 AND kind = $3 AND claim = $4 AND status = 'queued'";

@@ -1,8 +1,8 @@
 use std::sync::Arc;
 
-use super::keys::{ChargeKey, OperationKey, OrderId, PaymentMethod};
+use super::keys::{Charge, OperationKey, OrderId, PaymentMethod};
 use super::money::{Currency, Money};
-use super::store::{ChargeOutcome, Intent, IntentStatus, Receipt, Receipts};
+use super::store::{ChargeOutcome, Intent, IntentStatus, Intents, Receipt, Receipts};
 use super::stripe::{PaymentOutcome, ProviderError, Stripe};
 use crate::db::StoreError;
 use crate::journal::NewEntry;
@@ -15,8 +15,15 @@ use crate::journal::NewEntry;
 /// called with its key and parameters, then the receipt).
 #[derive(Clone, Debug)]
 pub struct PaymentGateway {
-    store: Receipts,
-    provider: Option<Arc<Stripe>>,
+    receipts: Receipts,
+    provider: Option<Provider>,
+}
+
+/// A payment provider: its API, and the attempts sent to it.
+#[derive(Clone, Debug)]
+struct Provider {
+    api: Arc<Stripe>,
+    intents: Intents,
 }
 
 /// A charge that went through, now or earlier.
@@ -72,18 +79,21 @@ impl ChargeError {
 
 impl PaymentGateway {
     /// The ledger: the receipts table is the record of charges, nothing else is asked.
-    pub fn new(store: Receipts) -> Self {
+    pub fn new(receipts: Receipts) -> Self {
         PaymentGateway {
-            store,
+            receipts,
             provider: None,
         }
     }
 
-    /// Charges through `provider`, each attempt an intent in `store` first.
-    pub fn with_provider(store: Receipts, provider: Stripe) -> Self {
+    /// Charges through `api`, each attempt an intent in `intents` first.
+    pub fn with_provider(receipts: Receipts, intents: Intents, api: Stripe) -> Self {
         PaymentGateway {
-            store,
-            provider: Some(Arc::new(provider)),
+            receipts,
+            provider: Some(Provider {
+                api: Arc::new(api),
+                intents,
+            }),
         }
     }
 
@@ -93,41 +103,30 @@ impl PaymentGateway {
         self.provider.is_some()
     }
 
-    /// Charges the key's order `amount`, once. Calling it again for the same order and
-    /// amount returns the first receipt; another amount is refused and changes nothing.
-    pub async fn charge(
-        &self,
-        key: &ChargeKey,
-        amount: Money,
-        method: Option<&PaymentMethod>,
-        operation: &OperationKey,
-    ) -> Result<Charged, ChargeError> {
-        self.charge_journaled(key, amount, method, operation, "", |_| Vec::new())
-            .await
+    /// Makes `charge`, once. Charging the same order and amount again returns the first
+    /// receipt; another amount is refused and changes nothing.
+    pub async fn charge(&self, charge: &Charge<'_>) -> Result<Charged, ChargeError> {
+        self.charge_journaled(charge, |_| Vec::new()).await
     }
 
-    /// [`Self::charge`] for `caller`'s operation, committing `journal`'s entries with the
-    /// receipt when this call makes it: the assistant's record of the charge's tool result.
+    /// [`Self::charge`], committing `journal`'s entries with the receipt when this call
+    /// makes it: the assistant's record of the charge's tool result.
     pub async fn charge_journaled(
         &self,
-        key: &ChargeKey,
-        amount: Money,
-        method: Option<&PaymentMethod>,
-        operation: &OperationKey,
-        caller: &str,
+        charge: &Charge<'_>,
         journal: impl FnOnce(&Receipt) -> Vec<NewEntry>,
     ) -> Result<Charged, ChargeError> {
         if let Some(provider) = &self.provider {
-            let method = method.ok_or(ChargeError::NoPaymentMethod)?;
+            let method = charge.method().ok_or(ChargeError::NoPaymentMethod)?;
             return self
-                .charge_provider(provider, key, amount, method, operation, caller, journal)
+                .charge_provider(provider, charge, method, journal)
                 .await;
         }
         let outcome = self
-            .store
-            .charge_journaled(key, amount, operation, caller, journal)
+            .receipts
+            .charge_journaled(charge, None, journal)
             .await?;
-        Self::charged(outcome, amount)
+        Self::charged(outcome, charge.amount())
     }
 
     fn charged(outcome: ChargeOutcome, amount: Money) -> Result<Charged, ChargeError> {
@@ -152,25 +151,26 @@ impl PaymentGateway {
     /// The provider's path: the order's receipt if it has one; else its open attempt,
     /// settled (re-sent with its own key and parameters within the key retention, looked
     /// up after); else a new attempt, committed before the provider is called.
-    #[allow(clippy::too_many_arguments)]
     async fn charge_provider(
         &self,
-        provider: &Stripe,
-        key: &ChargeKey,
-        amount: Money,
+        provider: &Provider,
+        charge: &Charge<'_>,
         method: &PaymentMethod,
-        operation: &OperationKey,
-        caller: &str,
         journal: impl FnOnce(&Receipt) -> Vec<NewEntry>,
     ) -> Result<Charged, ChargeError> {
-        let order = key.order_id();
-        if let Some(existing) = self.store.receipt(order).await? {
+        let (order, amount, operation, caller) = (
+            charge.order_id(),
+            charge.amount(),
+            charge.operation(),
+            charge.caller(),
+        );
+        if let Some(existing) = self.receipts.receipt(order).await? {
             return Self::charged(ChargeOutcome::Existing(existing), amount);
         }
         // A new attempt is sent whatever its age; an open one found is re-sent within the
         // key retention and looked up after it.
         let (intent, fresh) = loop {
-            let latest = self.store.latest_intent(order).await?;
+            let latest = provider.intents.latest(order).await?;
             match latest {
                 Some(open) if open.status.is_open() => break (open, false),
                 // This operation's own attempt was declined: the same answer, not a
@@ -188,7 +188,7 @@ impl PaymentGateway {
                 }
                 Some(succeeded) if succeeded.status == IntentStatus::Succeeded => {
                     // Settled by a concurrent run since the receipt was looked for.
-                    if let Some(existing) = self.store.receipt(order).await? {
+                    if let Some(existing) = self.receipts.receipt(order).await? {
                         return Self::charged(ChargeOutcome::Existing(existing), amount);
                     }
                     return Err(StoreError::Corrupt(format!(
@@ -213,7 +213,7 @@ impl PaymentGateway {
                         decline_code: None,
                         age_ms: 0,
                     };
-                    if self.store.create_intent(&intent).await? {
+                    if provider.intents.create(&intent).await? {
                         tracing::info!(order = %order, attempt, provider_key = %intent.provider_key, "payment intent committed; calling the payment provider");
                         break (intent, true);
                     }
@@ -222,16 +222,17 @@ impl PaymentGateway {
             }
         };
         let answer = if fresh
-            || u128::try_from(intent.age_ms).unwrap_or(0) < provider.key_retention().as_millis()
+            || u128::try_from(intent.age_ms).unwrap_or(0) < provider.api.key_retention().as_millis()
         {
-            provider.create(&intent).await?
+            provider.api.create(&intent).await?
         } else {
             tracing::info!(order = %order, attempt = intent.attempt, age_ms = intent.age_ms, "payment intent older than the provider's key retention: looking the payment up, never sending it again");
-            match provider.find(&intent).await? {
+            match provider.api.find(&intent).await? {
                 Some(answer) => answer,
                 None => {
-                    self.store
-                        .settle_intent(&intent, IntentStatus::Absent, None, None)
+                    provider
+                        .intents
+                        .settle(&intent, IntentStatus::Absent, None, None)
                         .await?;
                     return Err(ProviderError::Absent {
                         attempt: intent.attempt,
@@ -240,25 +241,22 @@ impl PaymentGateway {
                 }
             }
         };
-        self.settle(key, amount, operation, caller, &intent, answer, journal)
+        self.settle(provider, charge, &intent, answer, journal)
             .await
     }
 
     /// Records what the provider did with `intent`: the receipt (with the provider's
     /// payment id, and `journal`'s entries when the intent is this operation's and for
     /// this amount), or the ended attempt.
-    #[allow(clippy::too_many_arguments)]
     async fn settle(
         &self,
-        key: &ChargeKey,
-        amount: Money,
-        operation: &OperationKey,
-        caller: &str,
+        provider: &Provider,
+        charge: &Charge<'_>,
         intent: &Intent,
         answer: PaymentOutcome,
         journal: impl FnOnce(&Receipt) -> Vec<NewEntry>,
     ) -> Result<Charged, ChargeError> {
-        let order = key.order_id();
+        let (order, amount) = (charge.order_id(), charge.amount());
         match answer {
             PaymentOutcome::Succeeded { payment_id } => {
                 let corrupt = |what: String| {
@@ -270,15 +268,20 @@ impl PaymentGateway {
                     .map_err(|e| corrupt(e.to_string()))?;
                 let by = OperationKey::from_client(&intent.operation_key)
                     .map_err(|e| corrupt(e.to_string()))?;
-                let ours = charged == amount && by == *operation && intent.caller == caller;
+                // The receipt is the intent's: its amount, made by its operation.
+                let made = Charge::new(charge.key(), charged, &by, &intent.caller);
+                let ours = charged == amount
+                    && by == *charge.operation()
+                    && intent.caller == charge.caller();
                 let outcome = self
-                    .store
-                    .record(key, charged, &by, &intent.caller, Some(&payment_id), |r| {
+                    .receipts
+                    .charge_journaled(&made, Some(&payment_id), |r| {
                         if ours { journal(r) } else { Vec::new() }
                     })
                     .await?;
-                self.store
-                    .settle_intent(intent, IntentStatus::Succeeded, Some(&payment_id), None)
+                provider
+                    .intents
+                    .settle(intent, IntentStatus::Succeeded, Some(&payment_id), None)
                     .await?;
                 tracing::info!(order = %order, attempt = intent.attempt, payment = %payment_id, "payment provider: succeeded");
                 let charged = Self::charged(outcome, charged)?;
@@ -295,8 +298,9 @@ impl PaymentGateway {
                 decline_code,
                 message,
             } => {
-                self.store
-                    .settle_intent(
+                provider
+                    .intents
+                    .settle(
                         intent,
                         IntentStatus::Declined,
                         payment_id.as_deref(),
@@ -311,8 +315,9 @@ impl PaymentGateway {
                 })
             }
             PaymentOutcome::RequiresAction { payment_id } => {
-                self.store
-                    .settle_intent(
+                provider
+                    .intents
+                    .settle(
                         intent,
                         IntentStatus::RequiresAction,
                         Some(&payment_id),
@@ -326,6 +331,6 @@ impl PaymentGateway {
     }
 
     pub async fn receipt(&self, order: &OrderId) -> Result<Option<Receipt>, StoreError> {
-        self.store.receipt(order).await
+        self.receipts.receipt(order).await
     }
 }

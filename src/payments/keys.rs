@@ -10,10 +10,26 @@
 //! let key: checkout::payments::ChargeKey = serde_json::from_str(r#""A-100""#).unwrap();
 //! ```
 //!
+//! Nor can a string: a [`Charge`], the one value the gateway charges, asks for the key
+//! type. The two examples below differ only in the key argument, so the first fails for
+//! that reason alone: were the key a `String`, it would compile; were `Charge::new` to
+//! change its arguments, the second would stop compiling and say so.
+//!
 //! ```compile_fail
-//! // Nor can a string: the gateway's signature asks for the key type.
-//! # async fn f(gateway: checkout::payments::PaymentGateway, op: checkout::payments::OperationKey) {
-//! gateway.charge("A-100".to_string(), todo!(), &op).await;
+//! # use checkout::payments::{Charge, OperationKey, Order, PaymentGateway};
+//! # async fn f(gateway: PaymentGateway, order: Order, op: OperationKey) {
+//! let key = "A-100".to_string();
+//! let charge = Charge::new(&key, order.amount(), &op, "caller");
+//! gateway.charge(&charge).await;
+//! # }
+//! ```
+//!
+//! ```no_run
+//! # use checkout::payments::{Charge, OperationKey, Order, PaymentGateway};
+//! # async fn f(gateway: PaymentGateway, order: Order, op: OperationKey) {
+//! let key = order.charge_key();
+//! let charge = Charge::new(&key, order.amount(), &op, "caller");
+//! gateway.charge(&charge).await;
 //! # }
 //! ```
 
@@ -168,6 +184,65 @@ pub struct ChargeKey(OrderId);
 impl ChargeKey {
     pub fn order_id(&self) -> &OrderId {
         &self.0
+    }
+}
+
+/// One charge: the order's key, the amount, the payment method (with a payment
+/// provider), and the operation and caller it is made for. The assistant's context makes
+/// it from the validated order and the handler's keys; the gateway and the stores take it
+/// whole.
+#[derive(Clone, Copy, Debug)]
+pub struct Charge<'a> {
+    key: &'a ChargeKey,
+    amount: Money,
+    method: Option<&'a PaymentMethod>,
+    operation: &'a OperationKey,
+    caller: &'a str,
+}
+
+impl<'a> Charge<'a> {
+    pub fn new(
+        key: &'a ChargeKey,
+        amount: Money,
+        operation: &'a OperationKey,
+        caller: &'a str,
+    ) -> Charge<'a> {
+        Charge {
+            key,
+            amount,
+            method: None,
+            operation,
+            caller,
+        }
+    }
+
+    /// Paid with `method` (a payment provider's payment method).
+    pub fn paid_with(self, method: Option<&'a PaymentMethod>) -> Charge<'a> {
+        Charge { method, ..self }
+    }
+
+    pub fn key(&self) -> &'a ChargeKey {
+        self.key
+    }
+
+    pub fn order_id(&self) -> &'a OrderId {
+        self.key.order_id()
+    }
+
+    pub fn amount(&self) -> Money {
+        self.amount
+    }
+
+    pub fn method(&self) -> Option<&'a PaymentMethod> {
+        self.method
+    }
+
+    pub fn operation(&self) -> &'a OperationKey {
+        self.operation
+    }
+
+    pub fn caller(&self) -> &'a str {
+        self.caller
     }
 }
 

@@ -7,6 +7,6 @@ pub mod store;
 pub mod stripe;
 
 pub use gateway::{ChargeError, Charged, PaymentGateway};
-pub use keys::{ChargeKey, OperationKey, Order, OrderId, PaymentMethod};
+pub use keys::{Charge, ChargeKey, OperationKey, Order, OrderId, PaymentMethod};
 pub use money::{Currency, Money};
-pub use store::{ChargeOutcome, Receipt, Receipts};
+pub use store::{ChargeOutcome, Intents, Receipt, Receipts};

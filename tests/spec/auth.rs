@@ -397,3 +397,36 @@ async fn the_api_key_is_never_logged() {
         "{logs:#?}"
     );
 }
+
+/// The security requirements of every operation of the served document.
+async fn security_of(s: &Service) -> Vec<serde_json::Value> {
+    let doc = s.get("/api-docs/openapi.json", &[]).await.json();
+    let mut found = Vec::new();
+    for (_, item) in doc["paths"].as_object().expect("paths").iter() {
+        for (_, operation) in item.as_object().expect("a path item").iter() {
+            if let Some(security) = operation.get("security") {
+                found.push(security.clone());
+            }
+        }
+    }
+    found
+}
+
+/// The served document says what the running service does: while it is open, the Bearer
+/// key is optional (`security` lists `{}` beside the key); once a key exists (`auto`) it
+/// is required, and with `required` it always is.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_document_declares_the_key_optional_only_while_open() {
+    let optional = serde_json::json!([{ "api_key": [] }, {}]);
+    let required = serde_json::json!([{ "api_key": [] }]);
+    let s = Service::start(Backend::Sqlite, AuthMode::Auto).await;
+    assert_eq!(security_of(&s).await, vec![optional.clone(); 2]);
+    s.create_key("shop").await;
+    until_keys_are_required(&s).await;
+    assert_eq!(security_of(&s).await, vec![required.clone(); 2]);
+
+    let off = Service::start(Backend::Sqlite, AuthMode::Off).await;
+    assert_eq!(security_of(&off).await, vec![optional; 2]);
+    let keyed = Service::start(Backend::Sqlite, AuthMode::Required).await;
+    assert_eq!(security_of(&keyed).await, vec![required; 2]);
+}

@@ -486,3 +486,68 @@ both_backends!(
         assert_eq!(rows(&h.db, "g-1").await, 1);
     }
 );
+
+/// The rows a checkout leaves in the service's own tables: (idempotency records, journal
+/// entries, outbox rows).
+async fn own_rows(db: &TestDb) -> (i64, i64, i64) {
+    (
+        db.count("SELECT count(*) FROM idempotency_keys", None)
+            .await,
+        db.count("SELECT count(*) FROM agent_journal", None).await,
+        db.count("SELECT count(*) FROM outbox", None).await,
+    )
+}
+
+// Under steady load every table but the receipts stops growing: once the retention (the
+// idempotency records' TTL) has passed, the sweeper deletes an operation's record, its
+// journal entries and its outbox row whose delivery ended. Receipts are the record of
+// charges and stay. Two rounds of three keyed checkouts with an email: after each, the
+// same rows, then none.
+both_backends!(
+    the_tables_stop_growing_once_their_retention_passes,
+    |backend| async move {
+        let h = Harness::with(backend, "", |s| {
+            s.idempotency.ttl = Duration::from_secs(5);
+            // Within the TTL, as the settings require: 2 loop attempts of 1.8 s + 0.1 s.
+            s.server.timeout = Duration::from_millis(4_000);
+            s.assistant.retry.timeout = Duration::from_millis(1_800);
+            s.assistant.retry.max_retries = 1;
+            s.assistant.retry.backoff_max = Duration::from_millis(100);
+            s.request.timeout = Duration::from_millis(1_500);
+        })
+        .await;
+        let mut first_round = None;
+        for round in ["A", "B"] {
+            for i in 1..=3 {
+                let (order, key) = (format!("{round}-{i}"), format!("{round}-key-{i}"));
+                let reply = checkout(&h, &order, &key).await;
+                assert_eq!(reply.status, 200, "{}", reply.text());
+            }
+            until("the round's three messages are sent", async || {
+                h.db.count("SELECT count(*) FROM outbox WHERE status = 'sent'", None)
+                    .await
+                    == 3
+            })
+            .await;
+            let rows = own_rows(&h.db).await;
+            assert_eq!(
+                (rows.0, rows.2),
+                (3, 3),
+                "records and outbox rows: {rows:?}"
+            );
+            assert!(
+                rows.1 >= 3 * 3,
+                "three journal entries a checkout at least: {rows:?}"
+            );
+            // The second round leaves exactly what the first left: nothing accumulates.
+            assert_eq!(*first_round.get_or_insert(rows), rows);
+            crate::common::until_within(
+                "the retention passed and the sweeper emptied the tables",
+                Duration::from_secs(20),
+                async || own_rows(&h.db).await == (0, 0, 0),
+            )
+            .await;
+        }
+        assert_eq!(h.db.all_receipts().await, 6);
+    }
+);

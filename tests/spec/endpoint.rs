@@ -363,7 +363,8 @@ async fn the_openapi_document_describes_every_field_and_error() {
     let doc = h.get("/api-docs/openapi.json").await.json();
     assert_eq!(
         doc,
-        serde_json::to_value(checkout::http::openapi()).unwrap()
+        // The harness serves open (CHECKOUT_AUTH=auto, no key yet).
+        serde_json::to_value(checkout::http::openapi(true)).unwrap()
     );
     let post = &doc["paths"]["/checkout"]["post"];
     let params: Vec<&str> = post["parameters"]
@@ -395,13 +396,11 @@ async fn the_openapi_document_describes_every_field_and_error() {
             "200", "400", "401", "402", "409", "422", "500", "502", "503", "504"
         ]
     );
-    // The callers' endpoints name the API key scheme (Swagger UI's Authorize button);
-    // health does not.
-    assert_eq!(post["security"], serde_json::json!([{"api_key": []}]));
-    assert_eq!(
-        doc["paths"]["/receipts/{orderId}"]["get"]["security"],
-        serde_json::json!([{"api_key": []}])
-    );
+    // The callers' endpoints name the API key scheme (Swagger UI's Authorize button),
+    // optional while the service is open (`{}`); health does not.
+    let open = serde_json::json!([{"api_key": []}, {}]);
+    assert_eq!(post["security"], open);
+    assert_eq!(doc["paths"]["/receipts/{orderId}"]["get"]["security"], open);
     assert_eq!(
         doc["paths"]["/health/ready"]["get"]["security"],
         Value::Null
@@ -435,7 +434,7 @@ async fn the_openapi_document_describes_every_field_and_error() {
 /// Swagger UI shows each error status with examples of its own codes, not the 400's.
 #[test]
 fn each_error_status_documents_an_example_of_each_of_its_codes() {
-    let doc = serde_json::to_value(checkout::http::openapi()).unwrap();
+    let doc = serde_json::to_value(checkout::http::openapi(false)).unwrap();
     let responses = &doc["paths"]["/checkout"]["post"]["responses"];
     for (status, codes) in [
         ("400", &["invalid_request"][..]),

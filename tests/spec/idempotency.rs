@@ -240,7 +240,7 @@ async fn lease_and_fence(backend: Backend) {
     assert_eq!(begin().await.unwrap(), Begin::Replay(saved));
     // A finished key is not taken over, even long after its lease.
     assert!(!store.renew(&second, lease).await.unwrap());
-    assert_eq!(store.sweep().await.unwrap(), 0);
+    assert_eq!(store.sweep(Duration::from_secs(3600)).await.unwrap(), 0);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -198,7 +198,7 @@ async fn only_the_lease_holder_appends(backend: Backend) {
     };
     let entry = |fence: i64, step: i64| NewEntry {
         key: JournalKey {
-            scope: String::new(),
+            caller: String::new(),
             operation_key: "k".into(),
             fence: Some(fence),
         },

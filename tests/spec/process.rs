@@ -44,6 +44,21 @@ async fn the_embedded_defaults_serve_with_the_scripted_model_and_say_so() {
     assert_eq!(reply.json()["receipt"]["amount"], "42.50");
 }
 
+/// Its log read from a pipe (as a file, journald or a collector reads it) is plain text:
+/// colour codes only on a terminal.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn logs_written_to_a_pipe_carry_no_colour_codes() {
+    let dir = tempfile::tempdir().unwrap();
+    let url = format!("sqlite://{}", dir.path().join("checkout.db").display());
+    let process = Process::start(&[("DATABASE_URL", &url)]);
+    let reply = checkout(&client(), &process, "C-1", "1.00").await;
+    assert_eq!(reply.status, 200, "{}", reply.text());
+    let logs = process.logs();
+    assert!(logs.len() > 10, "{logs:#?}");
+    let coloured: Vec<&String> = logs.iter().filter(|l| l.contains('\u{1b}')).collect();
+    assert!(coloured.is_empty(), "{coloured:#?}");
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_start_up_log_names_every_layer_outermost_first() {
     let dir = tempfile::tempdir().unwrap();

@@ -177,8 +177,8 @@ both_backends!(
             s.payments.timeout = Duration::from_millis(5_000);
             // One provider retry, well after the first request's execution (held 2 s):
             // the second checkout is told in_use once, then gets the saved answer.
-            s.request.backoff_min = Duration::from_millis(4_000);
-            s.request.backoff_max = Duration::from_millis(4_000);
+            s.payments.backoff_min = Duration::from_millis(4_000);
+            s.payments.backoff_max = Duration::from_millis(4_000);
             s.assistant.retry.timeout = Duration::from_millis(10_000);
         })
         .await;

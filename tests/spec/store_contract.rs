@@ -5,7 +5,7 @@ use std::sync::Arc;
 use crate::common::{Backend, TestDb};
 use checkout::db::{Database, PoolSettings};
 use checkout::payments::{
-    ChargeOutcome, Currency, Money, OperationKey, Order, OrderId, Receipt, Receipts,
+    Charge, ChargeOutcome, Currency, Money, OperationKey, Order, OrderId, Receipt, Receipts,
 };
 
 fn order(id: &str, amount: &str, currency: &str) -> Order {
@@ -33,7 +33,7 @@ async fn contract(store: Arc<Receipts>, db: &TestDb) {
 
     // The first charge creates the receipt, with exactly what was asked.
     let ChargeOutcome::Created(first) = store
-        .charge(&a.charge_key(), a.amount(), &op)
+        .charge(&Charge::new(&a.charge_key(), a.amount(), &op, ""))
         .await
         .unwrap()
     else {
@@ -45,7 +45,12 @@ async fn contract(store: Arc<Receipts>, db: &TestDb) {
 
     // The same order and amount: the first receipt, unchanged, from any operation.
     let again = store
-        .charge(&a.charge_key(), a.amount(), &OperationKey::mint())
+        .charge(&Charge::new(
+            &a.charge_key(),
+            a.amount(),
+            &OperationKey::mint(),
+            "",
+        ))
         .await
         .unwrap();
     assert_eq!(again, ChargeOutcome::Existing(first.clone()));
@@ -53,7 +58,7 @@ async fn contract(store: Arc<Receipts>, db: &TestDb) {
     // Another amount: a conflict carrying the receipt that stands; nothing changes.
     let other = order("C-1", "42.51", "USD");
     let conflict = store
-        .charge(&other.charge_key(), other.amount(), &op)
+        .charge(&Charge::new(&other.charge_key(), other.amount(), &op, ""))
         .await
         .unwrap();
     assert_eq!(conflict, ChargeOutcome::AmountConflict(first.clone()));
@@ -61,7 +66,7 @@ async fn contract(store: Arc<Receipts>, db: &TestDb) {
     let euros = order("C-1", "42.50", "EUR");
     assert!(matches!(
         store
-            .charge(&euros.charge_key(), euros.amount(), &op)
+            .charge(&Charge::new(&euros.charge_key(), euros.amount(), &op, ""))
             .await
             .unwrap(),
         ChargeOutcome::AmountConflict(_)
@@ -86,7 +91,7 @@ async fn contract(store: Arc<Receipts>, db: &TestDb) {
     ] {
         let o = order(id, amount, currency);
         let ChargeOutcome::Created(r) = store
-            .charge(&o.charge_key(), o.amount(), &op)
+            .charge(&Charge::new(&o.charge_key(), o.amount(), &op, ""))
             .await
             .unwrap()
         else {
@@ -107,7 +112,12 @@ async fn contract(store: Arc<Receipts>, db: &TestDb) {
         let race = race.clone();
         tasks.spawn(async move {
             store
-                .charge(&race.charge_key(), race.amount(), &OperationKey::mint())
+                .charge(&Charge::new(
+                    &race.charge_key(),
+                    race.amount(),
+                    &OperationKey::mint(),
+                    "",
+                ))
                 .await
                 .unwrap()
         });
@@ -139,7 +149,12 @@ async fn contract(store: Arc<Receipts>, db: &TestDb) {
             let o = order(&format!("C-PAIR-{i}"), amount, "USD");
             tasks.spawn(async move {
                 let outcome = store
-                    .charge(&o.charge_key(), o.amount(), &OperationKey::mint())
+                    .charge(&Charge::new(
+                        &o.charge_key(),
+                        o.amount(),
+                        &OperationKey::mint(),
+                        "",
+                    ))
                     .await
                     .unwrap();
                 (o.id().clone(), outcome)
@@ -219,7 +234,12 @@ async fn two_writers_on_one_postgres_never_deadlock() {
                 let (store, o) = (store.clone(), order(&id, "5.00", "USD"));
                 tasks.spawn(async move {
                     store
-                        .charge(&o.charge_key(), o.amount(), &OperationKey::mint())
+                        .charge(&Charge::new(
+                            &o.charge_key(),
+                            o.amount(),
+                            &OperationKey::mint(),
+                            "",
+                        ))
                         .await
                 });
             }

@@ -58,8 +58,8 @@ async fn export(
             })
             .unwrap_or_default();
         received.services.lock().unwrap().push(service);
-        for scope in resource.scope_spans {
-            received.spans.lock().unwrap().extend(scope.spans);
+        for caller in resource.scope_spans {
+            received.spans.lock().unwrap().extend(caller.spans);
         }
     }
     let mut answer = HeaderMap::new();

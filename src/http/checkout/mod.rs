@@ -79,22 +79,22 @@ pub async fn checkout(
     };
     match client_key {
         Some(key) => {
-            let scope = caller.map(|Extension(c)| c.0).unwrap_or_default();
+            let caller = caller.map(|Extension(c)| c.0).unwrap_or_default();
             let mut fingerprint = Fingerprint::of_checkout(&order).with_email(email.as_ref());
             if format == Format::Text {
                 // Kept with the request for the recovery sweep; not part of its identity.
                 fingerprint = fingerprint.noting("accept", "text/plain");
             }
             let work = {
-                let (app, key, scope) = (app.clone(), key.clone(), scope.clone());
+                let (app, key, caller) = (app.clone(), key.clone(), caller.clone());
                 move |lease: &Lease| {
                     let fence = Some(lease.fence);
-                    async move { run(&app, order, email, key, &scope, fence, format).await }
+                    async move { run(&app, order, email, key, &caller, fence, format).await }
                 }
             };
             // Boxed, like the failure path: a handler future is as large as its largest
             // branch, and thousands of checkouts wait at once.
-            Box::pin(idempotent::once(&app, &scope, &key, &fingerprint, work)).await
+            Box::pin(idempotent::once(&app, &caller, &key, &fingerprint, work)).await
         }
         None => {
             let operation_key = OperationKey::mint();
@@ -108,17 +108,17 @@ pub async fn checkout(
 }
 
 /// Runs one checkout to its answer. Everything retried happens inside `assistant`. The
-/// operation is the caller's (`scope`), under its Idempotency-Key lease's `fence` if any.
+/// operation is `caller`'s, under its Idempotency-Key lease's `fence` if any.
 pub(crate) async fn run(
     app: &AppState,
     order: Order,
     email: Option<Recipient>,
     operation_key: OperationKey,
-    scope: &str,
+    caller: &str,
     fence: Option<i64>,
     format: Format,
 ) -> HttpAnswer {
-    let ctx = CheckoutContext::new(order, email, operation_key, scope, fence);
+    let ctx = CheckoutContext::new(order, email, operation_key, caller, fence);
     let result = app.assistant().checkout(ctx.clone()).await;
     match result.or_else(|err| paid_anyway(&ctx, err)) {
         Ok(outcome) => {
@@ -140,7 +140,7 @@ async fn confirmation(app: &AppState, ctx: &CheckoutContext) -> Option<Confirmat
     let key = ctx.journal_key();
     match app
         .outbox()
-        .confirmation(&key.scope, &key.operation_key)
+        .confirmation(&key.caller, &key.operation_key)
         .await
     {
         Ok(confirmation) => confirmation,

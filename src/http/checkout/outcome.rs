@@ -159,6 +159,59 @@ pub(super) fn paid_anyway(
     ))
 }
 
+/// The one place that says which error code a failed checkout is answered with.
+impl From<&FailureKind> for Code {
+    fn from(kind: &FailureKind) -> Code {
+        match kind.charge_error() {
+            Some(ChargeError::AmountConflict { .. }) => return Code::AmountConflict,
+            Some(ChargeError::Declined { .. }) => return Code::PaymentDeclined,
+            Some(ChargeError::RequiresAction { .. }) => return Code::PaymentRequiresAction,
+            Some(ChargeError::Provider(_) | ChargeError::NoPaymentMethod) => {
+                return Code::ProviderError;
+            }
+            Some(ChargeError::Store(_)) | None => {}
+        }
+        match kind {
+            FailureKind::Timeout(_) => Code::DeadlineExceeded,
+            FailureKind::Model(_) if kind.is_deadline() => Code::DeadlineExceeded,
+            FailureKind::Model(_) | FailureKind::TooManyRounds(_) => Code::ModelError,
+            FailureKind::ModelDidNotCharge => Code::ModelDidNotCharge,
+            // The charge's refusals are above: what is left is the database.
+            FailureKind::Tool(_) | FailureKind::Journal(JournalFailure::Store(_)) => {
+                Code::Unavailable
+            }
+            FailureKind::Journal(JournalFailure::LeaseLost) => Code::InFlight,
+            FailureKind::Journal(JournalFailure::Mismatch { .. }) => Code::JournalMismatch,
+        }
+    }
+}
+
+/// The order was charged another amount: what it was charged, and nothing more.
+fn amount_conflict(err: &CheckoutError) -> Problem {
+    let mut problem = Problem::new(
+        Code::AmountConflict,
+        format!("{}; nothing was charged", err.kind),
+    );
+    if let Some(existing) = err.kind.amount_conflict() {
+        let body = &mut problem.body;
+        body.order_charged = Some(Some(true));
+        body.receipt_id = Some(existing.id.to_string());
+        body.charged_amount = Some(existing.amount.decimal());
+        body.charged_currency = Some(existing.amount.currency().code().to_owned());
+    }
+    problem
+}
+
+/// The payment provider ended the attempt without charging.
+fn not_charged(mut problem: Problem, payment_id: Option<String>, attempts: u32) -> Problem {
+    let body = &mut problem.body;
+    body.payment_id = payment_id;
+    body.attempts = Some(attempts);
+    body.order_charged = Some(Some(false));
+    body.charged = Some(Some(false));
+    problem
+}
+
 /// The error answer, saying which layer gave up and whether the order is charged.
 pub(super) async fn failure(app: &AppState, ctx: &CheckoutContext, err: CheckoutError) -> Problem {
     let usage = ctx.usage();
@@ -172,69 +225,34 @@ pub(super) async fn failure(app: &AppState, ctx: &CheckoutContext, err: Checkout
         output_tokens = usage.output_tokens,
         "checkout failed"
     );
-    if let Some(existing) = err.kind.amount_conflict() {
-        let mut problem = Problem::new(
-            Code::AmountConflict,
-            format!("{}; nothing was charged", err.kind),
-        );
-        let body = &mut problem.body;
-        body.order_charged = Some(Some(true));
-        body.receipt_id = Some(existing.id.to_string());
-        body.charged_amount = Some(existing.amount.decimal());
-        body.charged_currency = Some(existing.amount.currency().code().to_owned());
-        return problem;
-    }
-    match err.kind.charge_error() {
-        Some(ChargeError::Declined {
-            decline_code,
-            payment_id,
-            ..
-        }) => {
+    let code = Code::from(&err.kind);
+    // The refusals answer from the failure alone; the rest ask the database what it holds.
+    match (code, err.kind.charge_error()) {
+        (Code::AmountConflict, _) => return amount_conflict(&err),
+        (
+            Code::PaymentDeclined,
+            Some(ChargeError::Declined {
+                decline_code,
+                payment_id,
+                ..
+            }),
+        ) => {
             let mut problem = Problem::new(
-                Code::PaymentDeclined,
+                code,
                 format!(
                     "{}; the order was not charged; a new checkout of it makes a new attempt",
                     err.kind
                 ),
             );
             problem.body.decline_code = Some(decline_code.clone());
-            problem.body.payment_id = payment_id.clone();
-            problem.body.attempts = Some(err.attempts);
-            problem.body.order_charged = Some(Some(false));
-            problem.body.charged = Some(Some(false));
-            return problem;
+            return not_charged(problem, payment_id.clone(), err.attempts);
         }
-        Some(ChargeError::RequiresAction { payment_id }) => {
-            let mut problem = Problem::new(
-                Code::PaymentRequiresAction,
-                format!("{}; the order was not charged", err.kind),
-            );
-            problem.body.payment_id = Some(payment_id.clone());
-            problem.body.attempts = Some(err.attempts);
-            problem.body.order_charged = Some(Some(false));
-            problem.body.charged = Some(Some(false));
-            return problem;
+        (Code::PaymentRequiresAction, Some(ChargeError::RequiresAction { payment_id })) => {
+            let problem = Problem::new(code, format!("{}; the order was not charged", err.kind));
+            return not_charged(problem, Some(payment_id.clone()), err.attempts);
         }
         _ => {}
     }
-    let code = match &err.kind {
-        FailureKind::Timeout(_) => Code::DeadlineExceeded,
-        FailureKind::Model(_) if err.kind.is_deadline() => Code::DeadlineExceeded,
-        FailureKind::Model(_) | FailureKind::TooManyRounds(_) => Code::ModelError,
-        FailureKind::ModelDidNotCharge => Code::ModelDidNotCharge,
-        FailureKind::Tool(_)
-            if matches!(
-                err.kind.charge_error(),
-                Some(ChargeError::Provider(_) | ChargeError::NoPaymentMethod)
-            ) =>
-        {
-            Code::ProviderError
-        }
-        // An amount conflict was answered above: what is left is the database.
-        FailureKind::Tool(_) | FailureKind::Journal(JournalFailure::Store(_)) => Code::Unavailable,
-        FailureKind::Journal(JournalFailure::LeaseLost) => Code::InFlight,
-        FailureKind::Journal(JournalFailure::Mismatch { .. }) => Code::JournalMismatch,
-    };
     let report = ctx.charge_report(app.gateway()).await;
     // No receipt, but the provider may have charged under the intent it was sent: unknown
     // until a run settles the intent with its key.

@@ -3,7 +3,8 @@
 //! of an order; the unique (order_id, attempt) settles two instances racing to start one.
 //! Every statement is one text for both databases.
 
-use crate::db::{Conn, StoreError, on_conn};
+use super::super::keys::OrderId;
+use crate::db::{Conn, Database, StoreError, on_conn};
 
 /// What an attempt is waiting for, or how it ended.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -131,8 +132,45 @@ const SETTLE: &str = "\
     provider_payment_id = COALESCE($4, provider_payment_id), decline_code = $5 \
     WHERE order_id = $1 AND attempt = $2 AND status IN ('pending', 'requires_action')";
 
+/// The payment provider's attempts, in the service's database.
+#[derive(Clone, Debug)]
+pub struct Intents {
+    db: Database,
+}
+
+impl Intents {
+    pub fn new(db: &Database) -> Intents {
+        Intents { db: db.clone() }
+    }
+
+    /// The order's latest attempt.
+    pub async fn latest(&self, order: &OrderId) -> Result<Option<Intent>, StoreError> {
+        let mut conn = self.db.acquire().await?;
+        latest(conn.conn(), order.as_str()).await
+    }
+
+    /// Commits a new attempt, before the provider is called; false when another run
+    /// committed this attempt first.
+    pub async fn create(&self, intent: &Intent) -> Result<bool, StoreError> {
+        let mut conn = self.db.acquire().await?;
+        create(conn.conn(), intent).await
+    }
+
+    /// Records what the provider answered for an open attempt.
+    pub async fn settle(
+        &self,
+        intent: &Intent,
+        status: IntentStatus,
+        payment_id: Option<&str>,
+        decline_code: Option<&str>,
+    ) -> Result<(), StoreError> {
+        let mut conn = self.db.acquire().await?;
+        settle(conn.conn(), intent, status, payment_id, decline_code).await
+    }
+}
+
 /// The order's latest attempt, if it has one.
-pub async fn latest(conn: Conn<'_>, order_id: &str) -> Result<Option<Intent>, StoreError> {
+async fn latest(conn: Conn<'_>, order_id: &str) -> Result<Option<Intent>, StoreError> {
     let row: Option<Row> = on_conn!(conn, c => sqlx::query_as(LATEST)
         .bind(order_id)
         .fetch_optional(c)
@@ -142,7 +180,7 @@ pub async fn latest(conn: Conn<'_>, order_id: &str) -> Result<Option<Intent>, St
 
 /// Commits `intent` as pending; false when the order already has this attempt (another
 /// run started it first).
-pub async fn create(conn: Conn<'_>, intent: &Intent) -> Result<bool, StoreError> {
+async fn create(conn: Conn<'_>, intent: &Intent) -> Result<bool, StoreError> {
     let made = on_conn!(conn, c => sqlx::query(CREATE)
         .bind(&intent.order_id)
         .bind(intent.attempt)
@@ -159,7 +197,7 @@ pub async fn create(conn: Conn<'_>, intent: &Intent) -> Result<bool, StoreError>
 }
 
 /// Records an open attempt's outcome (an ended one keeps its own).
-pub async fn settle(
+async fn settle(
     conn: Conn<'_>,
     intent: &Intent,
     status: IntentStatus,

@@ -467,8 +467,13 @@ impl Drop for Process {
 }
 
 /// Waits until `done` holds, checking every 5 ms; fails the test naming `what` after 15 s.
-pub async fn until(what: &str, mut done: impl AsyncFnMut() -> bool) {
-    let deadline = Instant::now() + Duration::from_secs(15);
+pub async fn until(what: &str, done: impl AsyncFnMut() -> bool) {
+    until_within(what, Duration::from_secs(15), done).await
+}
+
+/// [`until`], waiting at most `limit`.
+pub async fn until_within(what: &str, limit: Duration, mut done: impl AsyncFnMut() -> bool) {
+    let deadline = Instant::now() + limit;
     while !done().await {
         assert!(Instant::now() < deadline, "timed out waiting until {what}");
         tokio::time::sleep(Duration::from_millis(5)).await;

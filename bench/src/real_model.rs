@@ -11,7 +11,6 @@
 
 use std::collections::HashMap;
 use std::net::SocketAddr;
-use std::path::PathBuf;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
@@ -82,13 +81,14 @@ const ORDERS: [(&str, &str, &str); 40] = [
 
 const USAGE: &str = "\
 usage: checkout-bench --real-model [--model-url URL] [--model-name NAME] [--orders N]
-                      [--concurrency N] [--db sqlite|postgres] [--out DIR]
+                      [--concurrency N] [--db sqlite|postgres] [--out DIR] [--work DIR]
                       [--service-env NAME=VALUE]... [--service-bin PATH] [--no-build]
 
 Runs N (default and at most 40) checkouts through the service against a real
 OpenAI-compatible server (default http://127.0.0.1:18080/v1, model qwen2.5-coder-0.5b:
 start it with ../shared/llm/setup.sh && ../shared/llm/start.sh 18080). Writes
-DIR/real-model.json and DIR/real-model.md (DIR defaults to bench).";
+DIR/real-model.json and DIR/real-model.md (DIR as for the benchmark: --out, else bench/
+under cargo, else the current directory).";
 
 /// One checkout as the client and the proxy saw it.
 #[derive(Clone, Debug, Default, Serialize)]
@@ -141,7 +141,6 @@ pub fn main(args: &mut Args) -> Result<(), String> {
     }
     let concurrency = args.number::<usize>("--concurrency")?.unwrap_or(2).max(1);
     let db_name = args.value("--db")?.unwrap_or_else(|| "sqlite".into());
-    let out_dir = PathBuf::from(args.value("--out")?.unwrap_or_else(|| "bench".into()));
     let mut service_env = Vec::new();
     for pair in args.values("--service-env")? {
         let (name, value) = pair
@@ -149,11 +148,10 @@ pub fn main(args: &mut Args) -> Result<(), String> {
             .ok_or_else(|| format!("--service-env {pair:?}: expected NAME=VALUE"))?;
         service_env.push((name.to_owned(), value.to_owned()));
     }
-    let service_bin = args.value("--service-bin")?.map(PathBuf::from);
-    let no_build = args.flag("--no-build");
+    let places = bench::Places::parse(args)?;
     args.done()?;
 
-    let env = bench::environment(service_bin, no_build)?;
+    let env = bench::environment(places)?;
     let rt = tokio::runtime::Runtime::new().map_err(|e| e.to_string())?;
     let database_url = match db_name.as_str() {
         "sqlite" => format!("sqlite://{}", env.work.join("real-model.db").display()),
@@ -238,8 +236,8 @@ pub fn main(args: &mut Args) -> Result<(), String> {
         &command_line,
     );
     println!("{text}");
-    std::fs::create_dir_all(&out_dir).map_err(|e| e.to_string())?;
-    std::fs::write(out_dir.join("real-model.md"), &text).map_err(|e| e.to_string())?;
+    std::fs::create_dir_all(&env.out).map_err(|e| e.to_string())?;
+    std::fs::write(env.out.join("real-model.md"), &text).map_err(|e| e.to_string())?;
     let detail = json!({
         "command": command_line.join(" "),
         "machine": machine,
@@ -250,7 +248,7 @@ pub fn main(args: &mut Args) -> Result<(), String> {
         "checkouts": checkouts,
     });
     std::fs::write(
-        out_dir.join("real-model.json"),
+        env.out.join("real-model.json"),
         serde_json::to_string_pretty(&detail).map_err(|e| e.to_string())?,
     )
     .map_err(|e| e.to_string())?;

@@ -3,6 +3,7 @@
 //! writes `results.json`, `results.md` and `latency.svg`.
 
 use std::collections::{BTreeMap, HashMap};
+use std::ffi::OsStr;
 use std::io::{Read, Write};
 use std::net::TcpStream;
 use std::path::{Path, PathBuf};
@@ -154,18 +155,20 @@ struct Bench {
 
 const USAGE: &str = "\
 usage: checkout-bench [--quick] [--only cpu,loops,retry,saving,startup,sweep] [--db sqlite,postgres]
-                      [--runs N] [--concurrency N] [--http1] [--out DIR] [--service-bin PATH]
-                      [--no-build] [--postgres postgres://postgres@127.0.0.1:5432]
+                      [--runs N] [--concurrency N] [--http1] [--out DIR] [--work DIR]
+                      [--service-bin PATH] [--no-build] [--postgres postgres://postgres@127.0.0.1:5432]
                       [--service-env NAME=VALUE]...
        checkout-bench load --url URL (--duration-ms N | --requests N) [--concurrency N] ...
        checkout-bench floor-axum | floor-reqwest --model URL | floor-sql --database URL
 
-Starts the service (the `checkout` binary beside this one; built first when run through
-cargo), the scripted model and the load generator as separate processes on loopback, and
+Starts the service (--service-bin, else the `checkout` binary beside this one; built
+first when run through cargo), the scripted model and the load generator as separate processes on loopback, and
 measures: 1 CPU per checkout against its floor, 2 loops in flight (10,000 concurrent
 checkouts, a 2 s model), 3 retry amplification (20 % of model requests 503), 4 start-up.
 --quick takes under a minute; the full run under ten. Writes DIR/results.json,
-DIR/results.md and DIR/latency.svg (DIR/*-quick.* with --quick).";
+DIR/results.md and DIR/latency.svg (DIR/*-quick.* with --quick); DIR is --out, else
+bench/ when run by `cargo run -p checkout-bench`, else the current directory. Logs and
+SQLite files go to --work (default: checkout-bench in the temporary directory).";
 
 pub fn main(args: &mut Args) -> Result<(), String> {
     if args.flag("--help") || args.flag("-h") {
@@ -200,15 +203,13 @@ pub fn main(args: &mut Args) -> Result<(), String> {
             .ok_or_else(|| format!("--service-env {pair:?}: expected NAME=VALUE"))?;
         plan.service_env.push((name.to_owned(), value.to_owned()));
     }
-    let out_dir = PathBuf::from(args.value("--out")?.unwrap_or_else(|| "bench".into()));
-    let service_bin = args.value("--service-bin")?.map(PathBuf::from);
-    let no_build = args.flag("--no-build");
+    let places = Places::parse(args)?;
     let pg_base = args
         .value("--postgres")?
         .unwrap_or_else(|| "postgres://postgres@127.0.0.1:5432".into());
     args.done()?;
 
-    let env = environment(service_bin, no_build)?;
+    let env = environment(places)?;
     let rt = tokio::runtime::Runtime::new().map_err(|e| e.to_string())?;
     let mut dbs = Vec::new();
     for name in db_names.split(',') {
@@ -254,59 +255,95 @@ pub fn main(args: &mut Args) -> Result<(), String> {
             }
         }
     }
-    bench.finish(&out_dir, &command_line)
+    bench.finish(&command_line)
+}
+
+/// Where the benchmark takes its binaries from and writes to: `--service-bin`,
+/// `--no-build`, `--work`, `--out`.
+pub(crate) struct Places {
+    service_bin: Option<PathBuf>,
+    no_build: bool,
+    work: Option<PathBuf>,
+    out: Option<PathBuf>,
+}
+
+impl Places {
+    pub(crate) fn parse(args: &mut Args) -> Result<Places, String> {
+        Ok(Places {
+            service_bin: args.value("--service-bin")?.map(PathBuf::from),
+            no_build: args.flag("--no-build"),
+            work: args.value("--work")?.map(PathBuf::from),
+            out: args.value("--out")?.map(PathBuf::from),
+        })
+    }
 }
 
 /// Finds (and, run through cargo, builds) the service binary; makes the work directory.
-pub(crate) fn environment(service_bin: Option<PathBuf>, no_build: bool) -> Result<Env, String> {
+///
+/// Nothing here is fixed at build time, so the binary runs from any directory and on
+/// another machine: the service is `--service-bin` or the `checkout` beside this
+/// executable; the output goes to `--out`, else to the package's directory when cargo
+/// runs it (`bench/`, beside the committed results), else to the current directory.
+pub(crate) fn environment(places: Places) -> Result<Env, String> {
     let bench_bin = std::env::current_exe().map_err(|e| e.to_string())?;
     let profile_dir = bench_bin
         .parent()
         .ok_or("this binary has no directory")?
         .to_path_buf();
-    let repo = std::env::var_os("CARGO_MANIFEST_DIR")
-        .map(PathBuf::from)
-        .unwrap_or_else(|| PathBuf::from(env!("CARGO_MANIFEST_DIR")));
-    let service_bin = match service_bin {
-        Some(path) => path,
-        None => {
-            if let (Some(cargo), false) = (std::env::var_os("CARGO"), no_build) {
-                let mut build = Command::new(cargo);
-                build
-                    .current_dir(&repo)
-                    .args(["build", "--bin", "checkout"]);
-                undo_cargo_run_env(&mut build);
-                if profile_dir.file_name().is_some_and(|n| n == "release") {
-                    build.arg("--release");
-                }
-                eprintln!("checkout-bench: building the service (cargo build --bin checkout)");
-                let status = build.status().map_err(|e| e.to_string())?;
-                if !status.success() {
-                    return Err(format!("building the service failed: {status}"));
-                }
-            }
+    // Set by `cargo run` when it starts this binary, never read at build time.
+    let package_dir = std::env::var_os("CARGO_MANIFEST_DIR").map(PathBuf::from);
+    let cargo = std::env::var_os("CARGO").filter(|_| !places.no_build);
+    let service_bin = match (places.service_bin, cargo, &package_dir) {
+        (Some(path), _, _) => path,
+        (None, Some(cargo), Some(package_dir)) => {
+            build_service(&cargo, package_dir, &profile_dir)?;
             profile_dir.join("checkout")
         }
+        (None, _, _) => profile_dir.join("checkout"),
     };
     if !service_bin.exists() {
         return Err(format!(
-            "{} does not exist; build it (cargo build --release --bin checkout) or pass --service-bin",
+            "{} does not exist; build it (cargo build --release --bin checkout) and put it \
+             beside this binary, or pass --service-bin",
             service_bin.display()
         ));
     }
-    let work = profile_dir
-        .parent()
-        .unwrap_or(&profile_dir)
-        .join("checkout-bench");
+    let service_bin = service_bin.canonicalize().map_err(|e| e.to_string())?;
+    let work = places
+        .work
+        .unwrap_or_else(|| std::env::temp_dir().join("checkout-bench"));
     let _ = std::fs::remove_dir_all(&work);
     std::fs::create_dir_all(&work).map_err(|e| format!("{}: {e}", work.display()))?;
     let work = work.canonicalize().map_err(|e| e.to_string())?;
+    let here = std::env::current_dir().map_err(|e| e.to_string())?;
     Ok(Env {
         service_bin,
         bench_bin,
         work,
-        repo,
+        out: places
+            .out
+            .or_else(|| package_dir.clone())
+            .unwrap_or_else(|| here.clone()),
+        source: package_dir.unwrap_or(here),
     })
+}
+
+/// `cargo build -p checkout --bin checkout`, in this binary's profile.
+fn build_service(cargo: &OsStr, package_dir: &Path, profile_dir: &Path) -> Result<(), String> {
+    let mut build = Command::new(cargo);
+    build
+        .current_dir(package_dir)
+        .args(["build", "-p", "checkout", "--bin", "checkout"]);
+    undo_cargo_run_env(&mut build);
+    if profile_dir.file_name().is_some_and(|n| n == "release") {
+        build.arg("--release");
+    }
+    eprintln!("checkout-bench: building the service (cargo build -p checkout --bin checkout)");
+    let status = build.status().map_err(|e| e.to_string())?;
+    if !status.success() {
+        return Err(format!("building the service failed: {status}"));
+    }
+    Ok(())
 }
 
 /// Takes away what `cargo run` added to the environment, so that the nested build sees
@@ -625,30 +662,32 @@ impl Bench {
         svg::render(&panels, &caption)
     }
 
-    fn finish(self, out_dir: &Path, command_line: &[String]) -> Result<(), String> {
+    fn finish(self, command_line: &[String]) -> Result<(), String> {
         let table_text = table(&self.metrics);
         println!("{table_text}");
         let git = |args: &[&str]| {
             Command::new("git")
-                .current_dir(&self.env.repo)
+                .current_dir(&self.env.source)
                 .args(args)
                 .output()
                 .ok()
                 .map(|o| String::from_utf8_lossy(&o.stdout).trim().to_owned())
                 .unwrap_or_default()
         };
-        let commit = git(&["rev-parse", "--short", "HEAD"]);
+        // Empty outside a git checkout (a copied binary): said so, not left blank.
+        let commit = Some(git(&["rev-parse", "--short", "HEAD"])).filter(|c| !c.is_empty());
         let dirty = !git(&["status", "--porcelain", "--untracked-files=no"]).is_empty();
         let machine = procfs::machine();
         let elapsed = self.started.elapsed().as_secs_f64();
-        let command = format!(
-            "cargo run --release --bin checkout-bench --{}",
-            command_line
-                .iter()
-                .skip(1)
-                .map(|a| format!(" {a}"))
-                .collect::<String>()
-        );
+        let args: String = command_line
+            .iter()
+            .skip(1)
+            .map(|a| format!(" {a}"))
+            .collect();
+        let command = match std::env::var_os("CARGO") {
+            Some(_) => format!("cargo run --release -p checkout-bench --{args}"),
+            None => format!("{}{args}", command_line[0]),
+        };
         let met: Vec<&Metric> = self.metrics.iter().filter(|m| m.met.is_some()).collect();
         let mut missed: Vec<String> = met
             .iter()
@@ -672,6 +711,7 @@ impl Bench {
             "targets": {"judged": met.len(), "missed": missed},
             "details": self.details,
         });
+        let out_dir = &self.env.out;
         std::fs::create_dir_all(out_dir).map_err(|e| e.to_string())?;
         let suffix = if self.plan.quick { "-quick" } else { "" };
         let write = |stem: &str, ext: &str, text: &str| {
@@ -685,8 +725,9 @@ impl Bench {
             &serde_json::to_string_pretty(&results).map_err(|e| e.to_string())?,
         )?;
         let md = format!(
-            "# checkout-bench{}\n\n`{command}` on {machine}, commit {commit}{}, {elapsed:.0} s.\n\n{table_text}\nTargets missed: {}\n",
+            "# checkout-bench{}\n\n`{command}` on {machine}, commit {}{}, {elapsed:.0} s.\n\n{table_text}\nTargets missed: {}\n",
             if self.plan.quick { " --quick" } else { "" },
+            commit.as_deref().unwrap_or("unknown"),
             if dirty {
                 " (with uncommitted changes)"
             } else {

@@ -14,10 +14,14 @@ pub struct Env {
     pub service_bin: PathBuf,
     /// This binary (for `load`, `floor-*`).
     pub bench_bin: PathBuf,
-    /// Logs, SQLite files, records.
+    /// Logs, SQLite files, records; the working directory of the service, so that it
+    /// runs on its built-in defaults whatever config/default.toml is near.
     pub work: PathBuf,
-    /// The service's working directory (the repository, for config/default.toml).
-    pub repo: PathBuf,
+    /// Where the results are written.
+    pub out: PathBuf,
+    /// Where `git` names the commit measured: the package's directory under cargo, else
+    /// the current directory.
+    pub source: PathBuf,
 }
 
 /// A running child, killed when dropped.
@@ -135,7 +139,7 @@ pub fn tail(text: &str) -> String {
 pub fn model(env: &Env, name: &str, delay_ms: u64, faults: &str) -> Result<Running, String> {
     let mut command = Command::new(&env.service_bin);
     command
-        .current_dir(&env.repo)
+        .current_dir(&env.work)
         .args(["scripted-model", "--listen", "127.0.0.1:0"])
         .args(["--delay-ms", &delay_ms.to_string()]);
     if !faults.is_empty() {
@@ -148,7 +152,7 @@ pub fn model(env: &Env, name: &str, delay_ms: u64, faults: &str) -> Result<Runni
 pub fn service_command(env: &Env, database_url: &str, model_url: &str) -> Command {
     let mut command = Command::new(&env.service_bin);
     command
-        .current_dir(&env.repo)
+        .current_dir(&env.work)
         .env_remove("OPENAI_API_KEY")
         .env_remove("CHECKOUT_CONFIG")
         .env("CHECKOUT_LISTEN", "127.0.0.1:0")

@@ -1,6 +1,6 @@
 //! `checkout-bench`: measures the checkout service against its floor and its targets.
 //!
-//! `cargo run --release --bin checkout-bench -- --quick` (under a minute) or without
+//! `cargo run --release -p checkout-bench -- --quick` (under a minute) or without
 //! `--quick` (the full run, under ten minutes). See `--help` and bench/README.md.
 //! The same binary is the load generator (`load`) and the floor's bare parts
 //! (`floor-axum`, `floor-reqwest`, `floor-sql`), each run as a process of its own.
