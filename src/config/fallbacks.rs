@@ -97,21 +97,15 @@ impl Settings {
 mod tests {
     use std::time::Duration;
 
-    use super::super::Sources;
+    use super::super::tests::load_from;
     use super::*;
 
+    /// The settings from a config file of `file` and the environment `env`.
     fn load(file: &str, env: &[(&str, &str)]) -> Result<Settings, ConfigError> {
         let dir = tempfile::tempdir().unwrap();
         let path = dir.path().join("checkout.toml");
         std::fs::write(&path, file).unwrap();
-        Settings::load(&Sources {
-            config_path: Some(path),
-            env: env
-                .iter()
-                .map(|(k, v)| (k.to_string(), v.to_string()))
-                .collect(),
-            overrides: vec![],
-        })
+        load_from(path, env)
     }
 
     #[test]
