@@ -1,5 +1,5 @@
 //! The tests' Stripe-compatible fake, alone, for trying the service with
-//! CHECKOUT_PAYMENT_PROVIDER=stripe without Stripe (the README's curl):
+//! CHECKOUT_PAYMENT_PROVIDER=stripe without Stripe (the curl in docs/effects.md):
 //!
 //!     cargo run --example stripe-fake -- 127.0.0.1:12111
 //!

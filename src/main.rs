@@ -21,7 +21,7 @@ usage: checkout [--config PATH] [--scripted-faults PLAN] [--scripted-delay-ms N]
 
 Settings come from config/default.toml (or --config / CHECKOUT_CONFIG), then the
 environment (DATABASE_URL, OPENAI_API_KEY, OPENAI_BASE_URL, OPENAI_MODEL, CHECKOUT_*).
-A fault PLAN is FAULT[@ROUND][xTIMES][%PERCENT],... e.g. timeout@2x3 (see the README).";
+A fault PLAN is FAULT[@ROUND][xTIMES][%PERCENT],... e.g. timeout@2x3 (see docs/resilience.md).";
 
 fn main() -> ExitCode {
     let args: Vec<String> = std::env::args().skip(1).collect();

@@ -11,7 +11,7 @@ pub const SYSTEM_WITH_EMAIL: &str = "You are a checkout assistant. Use the charg
 /// operation key is not in them, nor the address: the model never sees either.
 ///
 /// The order id is quoted: unquoted, a small model read `X.1:2` as the order `X.1` and the
-/// amount `2` (bench/README.md, "Real model", has the measurements behind each choice).
+/// amount `2` (docs/models.md, "With a real model", has the measurements behind each choice).
 pub fn opening(order: &Order, confirmation: bool) -> Vec<Message> {
     vec![
         Message::System {

@@ -14,7 +14,7 @@
 //!   (402 `card_error`, `decline_code: generic_decline`), `pm_card_authenticationRequired`
 //!   needs 3-D Secure (`status: requires_action`).
 //!
-//! Also run from the command line for the README: `cargo run --example stripe-fake`.
+//! Also run from the command line, as docs/effects.md shows: `cargo run --example stripe-fake`.
 
 #![allow(dead_code)]
 
