@@ -221,7 +221,8 @@ fn model_chain(
 ) -> Result<ModelChain, StartError> {
     let endpoints = std::iter::once(primary.clone()).chain(settings.fallback_endpoints());
     let clients = endpoints
-        .map(|e| ModelClient::new(&e, &settings.request, settings.model.breaker, metrics))
+        .zip(1..)
+        .map(|(e, n)| ModelClient::new(&e, n, &settings.request, settings.model.breaker, metrics))
         .collect::<Result<Vec<_>, _>>()
         .map_err(StartError::ModelClient)?;
     Ok(ModelChain::new(clients))

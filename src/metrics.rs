@@ -124,7 +124,7 @@ const PROVIDER_DURATION: Def = Def {
 
 const BREAKER_TRANSITIONS: Def = Def {
     name: "checkout_model_breaker_transitions_total",
-    help: "Transitions of a model endpoint's circuit breaker, by endpoint and the state entered (open, half_open, closed) from the state left.",
+    help: "Transitions of a model endpoint's circuit breaker, by endpoint (model#position in the chain, 1 the primary) and the state entered (open, half_open, closed) from the state left.",
     buckets: None,
 };
 const BREAKER_REFUSED: Def = Def {

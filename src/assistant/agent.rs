@@ -15,8 +15,8 @@ use super::error::{CheckoutError, FailureKind};
 use super::memory::{self, Memory};
 use super::prompts;
 use super::tools::ToolBox;
+use crate::model::ModelChain;
 use crate::model::wire::{ChatRequest, Message};
-use crate::model::{ModelChain, ModelError};
 use crate::payments::Receipt;
 
 /// A checkout the model confirmed.
@@ -129,25 +129,6 @@ impl CheckoutOutcome {
 }
 
 impl Inner {
-    /// A paid order is never an error: the order is charged and no endpoint could write
-    /// the sentence, so the service writes it. Not a loop retry: every endpoint had this
-    /// turn already, and the receipt is all the customer needs.
-    fn paid_without_model(
-        &self,
-        ctx: &CheckoutContext,
-        receipt: &Receipt,
-        attempt: u32,
-        err: &ModelError,
-    ) -> CheckoutOutcome {
-        tracing::warn!(
-            order = %receipt.order_id,
-            receipt = %receipt.id,
-            error = %err,
-            "no model endpoint could write the confirmation of a charged order; the service writes it from the receipt"
-        );
-        CheckoutOutcome::written_by_service(ctx, receipt.clone(), attempt)
-    }
-
     async fn run(
         &self,
         ctx: &CheckoutContext,
@@ -193,13 +174,7 @@ impl Inner {
                     let asked =
                         Box::pin(self.model.complete(&mut chat, round, ctx.request_counter()))
                             .await;
-                    let (completion, endpoint) = match (asked, &receipt) {
-                        (Ok(answered), _) => answered,
-                        (Err(err), Some(receipt)) => {
-                            return Ok(self.paid_without_model(ctx, receipt, attempt, &err));
-                        }
-                        (Err(err), None) => return Err(FailureKind::Model(err)),
-                    };
+                    let (completion, endpoint) = asked.map_err(FailureKind::Model)?;
                     let label = endpoint.breaker().endpoint();
                     ctx.answered_by(endpoint.model());
                     ctx.used(&completion);

@@ -70,8 +70,11 @@ impl BreakerState {
 pub struct Breaker(Arc<Shared>);
 
 struct Shared {
-    /// The endpoint, as the log, the metrics and `/health/ready` name it.
+    /// The endpoint, as the log and `/health/ready` name it (`model@base_url`).
     endpoint: String,
+    /// As the metrics name it: `model#position`, without the URL (an address is never a
+    /// label).
+    label: String,
     settings: BreakerSettings,
     metrics: Metrics,
     circuit: Mutex<Circuit>,
@@ -99,10 +102,16 @@ enum Admission {
 }
 
 impl Breaker {
-    pub fn new(endpoint: String, settings: BreakerSettings, metrics: &Metrics) -> Breaker {
-        metrics.breaker_state(&endpoint, BreakerState::Closed);
+    pub fn new(
+        endpoint: String,
+        label: String,
+        settings: BreakerSettings,
+        metrics: &Metrics,
+    ) -> Breaker {
+        metrics.breaker_state(&label, BreakerState::Closed);
         Breaker(Arc::new(Shared {
             endpoint,
+            label,
             settings,
             metrics: metrics.clone(),
             circuit: Mutex::new(Circuit {
@@ -116,6 +125,11 @@ impl Breaker {
 
     pub fn endpoint(&self) -> &str {
         &self.0.endpoint
+    }
+
+    /// The endpoint's name in the metrics.
+    pub fn label(&self) -> &str {
+        &self.0.label
     }
 
     /// The state as of the last request: an open breaker whose time is up reads open
@@ -190,11 +204,12 @@ impl Breaker {
         }
         let Shared {
             endpoint,
+            label,
             settings,
             metrics,
             ..
         } = &*self.0;
-        metrics.breaker_transition(endpoint, from, state);
+        metrics.breaker_transition(label, from, state);
         let (from, to) = (from.as_str(), state.as_str());
         match state {
             BreakerState::Open => tracing::warn!(
@@ -269,10 +284,7 @@ where
 
     fn call(&mut self, call: ModelCall) -> Self::Future {
         let Some(admission) = self.breaker.admit() else {
-            self.breaker
-                .0
-                .metrics
-                .breaker_refused(self.breaker.endpoint());
+            self.breaker.0.metrics.breaker_refused(self.breaker.label());
             let err = ModelError::new(ModelErrorKind::CircuitOpen);
             return Box::pin(std::future::ready(Err(Box::new(err) as BoxError)));
         };
@@ -321,7 +333,7 @@ mod tests {
             failure_percent: 50,
             open: Duration::from_millis(open_ms),
         };
-        Breaker::new("m".into(), settings, &Metrics::new())
+        Breaker::new("m@http://x".into(), "m#1".into(), settings, &Metrics::new())
     }
 
     fn request(b: &Breaker, failed: bool) -> bool {

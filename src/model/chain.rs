@@ -67,7 +67,7 @@ impl ModelChain {
             match endpoint.complete(chat, round, sent.clone(), failover).await {
                 Ok(completion) => {
                     if i > 0 {
-                        self.metrics().fallback_turn(endpoint.breaker().endpoint());
+                        self.metrics().fallback_turn(endpoint.breaker().label());
                     }
                     return Ok((completion, endpoint));
                 }

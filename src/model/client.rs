@@ -51,8 +51,10 @@ pub struct ModelClient {
 }
 
 impl ModelClient {
+    /// `position`: 1 for the primary, 2 for the first fallback, …
     pub fn new(
         endpoint: &ModelEndpoint,
+        position: usize,
         retry: &RequestRetrySettings,
         breaker: BreakerSettings,
         metrics: &Metrics,
@@ -80,7 +82,8 @@ impl ModelClient {
             provider: genai::PROVIDER,
             model: endpoint.model.clone(),
         };
-        let breaker = Breaker::new(endpoint.label(), breaker, metrics);
+        let label = format!("{}#{position}", endpoint.model);
+        let breaker = Breaker::new(endpoint.label(), label, breaker, metrics);
         let stack = ServiceBuilder::new()
             .retry(RequestRetry::new(retry, metrics))
             .layer(BreakerLayer(breaker.clone()))

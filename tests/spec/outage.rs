@@ -14,12 +14,14 @@ const PRIMARY: &str = "primary-model";
 const FALLBACK: &str = "fallback-model";
 
 /// The primary at `primary_url`, the fallback (the scripted model `fallback`) after it;
-/// request retries 2, loop retries 2, the breaker's window and open time as given.
+/// request retries 2, loop retries 2, the breaker's window 20 (the default) and its open
+/// time as given.
 fn with_fallback(s: &mut Settings, primary_url: &str, fallback: &ScriptedModel, open_ms: u64) {
     s.model.base_url = Some(primary_url.to_owned());
     s.model.name = PRIMARY.into();
     s.model.fallback_base_url = Some(fallback.base_url());
     s.model.fallback_model = Some(FALLBACK.into());
+    s.model.breaker.window = 20;
     s.model.breaker.open = Duration::from_millis(open_ms);
 }
 
@@ -99,13 +101,17 @@ both_backends!(
         assert_eq!(h.model.requests(), 20, "requests to the primary");
         assert_eq!(fallback.requests(), 60, "one per turn");
         assert_eq!(breakers(&h).await, ["open", "closed"]);
-        let primary = format!("endpoint=\"{PRIMARY}@");
+        let primary = format!("endpoint=\"{PRIMARY}#1\"");
         assert_eq!(
             metric(&h, &["checkout_model_breaker_refused_total", &primary]).await,
             40.0
         );
         assert_eq!(
-            metric(&h, &["checkout_model_fallback_turns_total", FALLBACK]).await,
+            metric(
+                &h,
+                &["checkout_model_fallback_turns_total", "fallback-model#2"]
+            )
+            .await,
             60.0
         );
         assert_eq!(
@@ -200,10 +206,11 @@ both_backends!(
         );
         assert_eq!(models(&reply), [PRIMARY]);
         assert_eq!(h.db.receipts("PAID-1").await, 1);
-        // The primary: the charge round, one 503; the fallback, the last endpoint: its
-        // request and 2 request retries. No loop retry: the order is paid.
-        assert_eq!(h.model.requests(), 2);
-        assert_eq!(fallback.requests(), 3);
+        assert_eq!(body["attempts"], 3, "the loop retry had its say first");
+        // The primary: the charge round, then one 503 per loop attempt; the fallback,
+        // the last endpoint: its request and 2 request retries per loop attempt.
+        assert_eq!(h.model.requests(), 4);
+        assert_eq!(fallback.requests(), 9);
     }
 );
 

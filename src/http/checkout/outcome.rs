@@ -16,6 +16,7 @@ use crate::http::receipts::ReceiptView;
 use crate::http::state::AppState;
 use crate::outbox::Confirmation;
 use crate::payments::ChargeError;
+use crate::retry::Stop;
 
 /// A confirmed checkout.
 #[derive(Serialize, ToSchema)]
@@ -133,9 +134,9 @@ pub(super) fn success(
 }
 
 /// A paid order is never an error: a checkout whose order its attempts saw charged, and
-/// that then ran out of time or of model endpoints for the confirmation sentence (the
-/// loop gives up on a charged order only so), is confirmed with a sentence the service
-/// writes from the receipt.
+/// that then ran out of time or of model endpoints for the confirmation sentence once
+/// the loop retry had its say, is confirmed with a sentence the service writes from the
+/// receipt.
 pub(super) fn paid_anyway(
     ctx: &CheckoutContext,
     err: CheckoutError,
@@ -143,7 +144,12 @@ pub(super) fn paid_anyway(
     let ChargeStatus::Charged(receipt) = ctx.charge_status() else {
         return Err(err);
     };
-    if !matches!(err.kind, FailureKind::Timeout(_) | FailureKind::Model(_)) {
+    // With the loop retry off, a transient failure stays an error that leaves the key
+    // usable: the client's retry is the retry, and resumes from the journal to get the
+    // model's own sentence.
+    if !matches!(err.kind, FailureKind::Timeout(_) | FailureKind::Model(_))
+        || err.stop == Some(Stop::Off)
+    {
         return Err(err);
     }
     tracing::warn!(
