@@ -15,6 +15,9 @@ use crate::assistant::{self, AgentLoop, Assistant, LoopLimits, Memory, ToolBox};
 use crate::caller::{self, AuthMode};
 use crate::config::{ModelSource, Settings};
 use crate::db::{self, Database, OpenError};
+use crate::http::admission::Admission;
+use crate::http::rate_limit::RateLimit;
+use crate::http::serve::{self, ConnectionLimits};
 use crate::http::{self, AppState, ModelInfo, Parts};
 use crate::idempotency::{self, Records};
 use crate::journal::Journal;
@@ -53,8 +56,10 @@ pub struct App {
     /// app.
     scripted: Option<ScriptedModel>,
     /// The background workers: the idempotency sweeper, the mail dispatcher, the recovery
-    /// sweep (`CHECKOUT_RECOVERY`) and the API-key watch. Each runs until aborted.
+    /// sweep (`CHECKOUT_RECOVERY`), the API-key watch and the rate limit's forgetting.
+    /// Each runs until aborted.
     workers: JoinSet<()>,
+    connections: ConnectionLimits,
 }
 
 impl App {
@@ -130,6 +135,17 @@ impl App {
             &metrics,
             &endpoint.model,
         );
+        let descriptors = serve::raise_descriptor_limit();
+        let bounds = serve::bounds(
+            &settings,
+            descriptors
+                .as_ref()
+                .map_or(serve::ASSUMED_DESCRIPTORS, |d| d.soft),
+            scripted.is_some(),
+        );
+        let admission = Admission::new(bounds.max_in_flight, &metrics);
+        let rate_limit = RateLimit::new(&settings.overload);
+        announce::overload(&settings, &descriptors, &bounds);
         announce::chain(&settings, &db, &info);
         announce::endpoints(&settings, &chain);
         announce::callers(&settings, keys_exist);
@@ -160,6 +176,14 @@ impl App {
             settings.idempotency.ttl,
         ));
         workers.spawn(gate.clone().watch_for_keys());
+        if let Some(limit) = rate_limit.clone() {
+            workers.spawn(limit.forget_idle_forever());
+        }
+        let connections = ConnectionLimits {
+            max_connections: bounds.max_connections,
+            header_timeout: settings.overload.header_timeout,
+            idle_timeout: settings.overload.idle_timeout,
+        };
         let recovering = settings.idempotency.recovery;
         let state = AppState::new(Parts {
             settings,
@@ -171,6 +195,8 @@ impl App {
             model: info,
             metrics,
             gate,
+            admission,
+            rate_limit,
         });
         if recovering {
             workers.spawn(http::recovery::sweep_forever(state.clone()));
@@ -179,6 +205,7 @@ impl App {
             state,
             scripted,
             workers,
+            connections,
         })
     }
 
@@ -198,12 +225,7 @@ impl App {
     ) -> std::io::Result<()> {
         let addr = listener.local_addr()?;
         tracing::info!(%addr, "listening on http://{addr}");
-        axum::serve(listener, self.router())
-            .with_graceful_shutdown(async move {
-                shutdown.await;
-                tracing::info!("shutting down: finishing in-flight checkouts");
-            })
-            .await?;
+        serve::serve(listener, self.router(), self.connections, shutdown).await?;
         self.workers.shutdown().await;
         self.state.db().close().await;
         drop(self.scripted);

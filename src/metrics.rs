@@ -28,7 +28,7 @@ use metrics_exporter_prometheus::{
     Matcher, PrometheusBuilder, PrometheusHandle, PrometheusRecorder,
 };
 
-use crate::model::breaker::BreakerState;
+mod breaker;
 
 /// What one metric is.
 struct Def {
@@ -122,32 +122,30 @@ const PROVIDER_DURATION: Def = Def {
     buckets: Some(&[0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0]),
 };
 
-const BREAKER_TRANSITIONS: Def = Def {
-    name: "checkout_model_breaker_transitions_total",
-    help: "Transitions of a model endpoint's circuit breaker, by endpoint (model#position in the chain, 1 the primary) and the state entered (open, half_open, closed) from the state left.",
+const REFUSALS: Def = Def {
+    name: "checkout_refusals_total",
+    help: "POST /checkout requests refused before anything was run or written, by code: overloaded (503: the instance ran CHECKOUT_MAX_IN_FLIGHT loops), rate_limited (429: the caller was over CHECKOUT_RATE_LIMIT_PER_SEC). Not counted in checkout_checkouts_total.",
     buckets: None,
 };
-const BREAKER_REFUSED: Def = Def {
-    name: "checkout_model_breaker_refused_total",
-    help: "Model requests not sent because the endpoint's circuit breaker was open (or its one trial request was out), by endpoint.",
+const IN_FLIGHT: Def = Def {
+    name: "checkout_loops_in_flight",
+    help: "Checkout loops running now in this instance (clients' checkouts and the recovery sweep's resumes).",
     buckets: None,
 };
-const FALLBACK_TURNS: Def = Def {
-    name: "checkout_model_fallback_turns_total",
-    help: "Model turns answered by an endpoint other than the primary, because every endpoint before it failed transiently (or its breaker was open), by the endpoint that answered.",
-    buckets: None,
-};
-/// A gauge, one series per state: 1 for the breaker's state, 0 for the others.
-const BREAKER_STATE: Def = Def {
-    name: "checkout_model_breaker_state",
-    help: "The state of a model endpoint's circuit breaker: 1 on the series of its state (closed, open, half_open), 0 on the others.",
+const IN_FLIGHT_LIMIT: Def = Def {
+    name: "checkout_loops_in_flight_limit",
+    help: "The most checkout loops this instance runs at once (CHECKOUT_MAX_IN_FLIGHT, as sized at start-up); one more is refused with 503 overloaded.",
     buckets: None,
 };
 
+/// Gauges: described and registered apart from the counters and histograms.
+const GAUGES: &[&Def] = &[&IN_FLIGHT, &IN_FLIGHT_LIMIT, &breaker::STATE];
+
 const CATALOGUE: &[&Def] = &[
-    &BREAKER_TRANSITIONS,
-    &BREAKER_REFUSED,
-    &FALLBACK_TURNS,
+    &REFUSALS,
+    &breaker::TRANSITIONS,
+    &breaker::REFUSED,
+    &breaker::FALLBACK_TURNS,
     &EMAILS,
     &PROVIDER_REQUESTS,
     &PROVIDER_DURATION,
@@ -256,7 +254,9 @@ impl Metrics {
                 None => recorder.describe_counter(def.name.into(), None, def.help.into()),
             }
         }
-        recorder.describe_gauge(BREAKER_STATE.name.into(), None, BREAKER_STATE.help.into());
+        for def in GAUGES {
+            recorder.describe_gauge(def.name.into(), None, def.help.into());
+        }
         let handle = recorder.handle();
         let metrics = Metrics(Arc::new(Inner { recorder, handle }));
         // Counters of a closed label set start at zero, so that a rate over them exists
@@ -283,6 +283,11 @@ impl Metrics {
         ] {
             metrics.counter(&EMAILS, &[("result", outcome.label())], 0);
         }
+        for code in ["overloaded", "rate_limited"] {
+            metrics.counter(&REFUSALS, &[("code", code)], 0);
+        }
+        metrics.in_flight(0);
+        metrics.in_flight_limit(0);
         for reason in ["missing", "not_bearer", "invalid"] {
             metrics.counter(&AUTH_FAILURES, &[("reason", reason)], 0);
         }
@@ -319,38 +324,6 @@ impl Metrics {
         self.counter(&JOURNAL_REPLAYED, &[("kind", "tool")], 1);
     }
 
-    /// A model endpoint's circuit breaker is in `state` (set at start and on each transition).
-    pub fn breaker_state(&self, endpoint: &str, state: BreakerState) {
-        for each in BreakerState::ALL {
-            let labels = [("endpoint", endpoint), ("state", each.as_str())];
-            self.0
-                .recorder
-                .register_gauge(&key(&BREAKER_STATE, &labels), &metadata())
-                .set(if each == state { 1.0 } else { 0.0 });
-        }
-    }
-
-    /// A model endpoint's circuit breaker went from `from` to `to`.
-    pub fn breaker_transition(&self, endpoint: &str, from: BreakerState, to: BreakerState) {
-        let labels = [
-            ("endpoint", endpoint),
-            ("from", from.as_str()),
-            ("to", to.as_str()),
-        ];
-        self.counter(&BREAKER_TRANSITIONS, &labels, 1);
-        self.breaker_state(endpoint, to);
-    }
-
-    /// A model request was not sent: the endpoint's breaker is open.
-    pub fn breaker_refused(&self, endpoint: &str) {
-        self.counter(&BREAKER_REFUSED, &[("endpoint", endpoint)], 1);
-    }
-
-    /// A model turn was answered by `endpoint`, a fallback.
-    pub fn fallback_turn(&self, endpoint: &str) {
-        self.counter(&FALLBACK_TURNS, &[("endpoint", endpoint)], 1);
-    }
-
     /// The Prometheus text exposition of everything recorded so far.
     pub fn render(&self) -> String {
         self.0.handle.render()
@@ -369,6 +342,24 @@ impl Metrics {
             &[("operation", operation)],
             took.as_secs_f64(),
         );
+    }
+
+    /// A POST /checkout was refused before it ran (`code`: overloaded, rate_limited).
+    pub fn refused(&self, code: &'static str) {
+        self.counter(&REFUSALS, &[("code", code)], 1);
+    }
+
+    /// A loop took (`1`) or gave back (`-1`) its admission slot.
+    pub fn in_flight(&self, change: i8) {
+        self.gauge(&IN_FLIGHT).increment(f64::from(change));
+    }
+
+    pub fn in_flight_limit(&self, limit: usize) {
+        self.gauge(&IN_FLIGHT_LIMIT).set(limit as f64);
+    }
+
+    fn gauge(&self, def: &Def) -> metrics::Gauge {
+        self.0.recorder.register_gauge(&key(def, &[]), &metadata())
     }
 
     /// A checkout answered: `ok`, or the problem code it ended with.
@@ -521,6 +512,7 @@ fn metadata() -> Metadata<'static> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::model::breaker::BreakerState;
 
     #[test]
     fn every_metric_has_help_and_its_type_and_histograms_count_in_their_buckets() {
@@ -553,6 +545,13 @@ mod tests {
             };
             assert!(
                 text.contains(&format!("# TYPE {} {kind}\n", def.name)),
+                "{}: {text}",
+                def.name
+            );
+        }
+        for def in GAUGES {
+            assert!(
+                text.contains(&format!("# TYPE {} gauge\n", def.name)),
                 "{}: {text}",
                 def.name
             );

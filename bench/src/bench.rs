@@ -26,6 +26,7 @@ use crate::procfs;
 use crate::report::{Metric, Target, table};
 use crate::svg;
 
+mod counts;
 mod cpu;
 mod loops;
 mod retry;
@@ -154,7 +155,7 @@ struct Bench {
 }
 
 const USAGE: &str = "\
-usage: checkout-bench [--quick] [--only cpu,loops,retry,saving,startup,sweep] [--db sqlite,postgres]
+usage: checkout-bench [--quick] [--only cpu,loops,retry,saving,startup,sweep,counts] [--db sqlite,postgres]
                       [--runs N] [--concurrency N] [--http1] [--out DIR] [--work DIR]
                       [--service-bin PATH] [--no-build] [--postgres postgres://postgres@127.0.0.1:5432]
                       [--service-env NAME=VALUE]...
@@ -164,7 +165,8 @@ usage: checkout-bench [--quick] [--only cpu,loops,retry,saving,startup,sweep] [-
 Starts the service (--service-bin, else the `checkout` binary beside this one; built
 first when run through cargo), the scripted model and the load generator as separate processes on loopback, and
 measures: 1 CPU per checkout against its floor, 2 loops in flight (10,000 concurrent
-checkouts, a 2 s model), 3 retry amplification (20 % of model requests 503), 4 start-up.
+checkouts, a 2 s model), 3 retry amplification (20 % of model requests 503), 4 start-up,
+7 instructions and heap allocations per checkout (under valgrind: callgrind, dhat).
 --quick takes under a minute; the full run under ten. Writes DIR/results.json,
 DIR/results.md and DIR/latency.svg (DIR/*-quick.* with --quick); DIR is --out, else
 bench/ when run by `cargo run -p checkout-bench`, else the current directory. Logs and
@@ -180,7 +182,7 @@ pub fn main(args: &mut Args) -> Result<(), String> {
     let mut plan = Plan::new(quick);
     let only: Vec<String> = args
         .value("--only")?
-        .unwrap_or_else(|| "startup,cpu,retry,saving,loops,sweep".into())
+        .unwrap_or_else(|| "startup,cpu,retry,saving,loops,sweep,counts".into())
         .split(',')
         .map(str::to_owned)
         .collect();
@@ -234,7 +236,9 @@ pub fn main(args: &mut Args) -> Result<(), String> {
         procfs::machine(),
         procfs::open_files_limit("self")
     ));
-    for figure in ["startup", "cpu", "retry", "saving", "loops", "sweep"] {
+    for figure in [
+        "startup", "cpu", "retry", "saving", "loops", "sweep", "counts",
+    ] {
         if !only.iter().any(|o| o == figure) {
             continue;
         }
@@ -245,6 +249,7 @@ pub fn main(args: &mut Args) -> Result<(), String> {
                 "retry" => bench.retry(db),
                 "saving" => bench.saving(db),
                 "loops" => bench.loops(db),
+                "counts" => bench.counts(db),
                 _ => bench.sweep(db),
             };
             if let Err(err) = result {

@@ -46,13 +46,23 @@ impl Running {
         self.kill();
     }
 
+    /// SIGTERM, then as long as `limit` for the process to end by itself (a process under
+    /// valgrind writes its counts as it exits); SIGKILL after that.
+    pub fn stop_within(mut self, limit: Duration) {
+        self.kill_within(limit);
+    }
+
     fn kill(&mut self) {
+        self.kill_within(Duration::from_secs(5));
+    }
+
+    fn kill_within(&mut self, limit: Duration) {
         // SIGTERM first (graceful), then SIGKILL if it lingers.
         let _ = Command::new("kill")
             .arg("-TERM")
             .arg(self.child.id().to_string())
             .status();
-        let deadline = Instant::now() + Duration::from_secs(5);
+        let deadline = Instant::now() + limit;
         while Instant::now() < deadline {
             if let Ok(Some(_)) = self.child.try_wait() {
                 return;
@@ -80,7 +90,7 @@ fn log_file(env: &Env, name: &str) -> Result<(PathBuf, std::fs::File), String> {
 
 /// Spawns `command` with its output in `<work>/<name>.log`, and waits for a log line
 /// holding `marker` followed by a URL.
-fn start(env: &Env, name: &str, mut command: Command, marker: &str) -> Result<Running, String> {
+pub fn start(env: &Env, name: &str, mut command: Command, marker: &str) -> Result<Running, String> {
     let (log, file) = log_file(env, name)?;
     let err = file.try_clone().map_err(|e| e.to_string())?;
     command
@@ -150,7 +160,25 @@ pub fn model(env: &Env, name: &str, delay_ms: u64, faults: &str) -> Result<Runni
 
 /// The service's environment for one run.
 pub fn service_command(env: &Env, database_url: &str, model_url: &str) -> Command {
-    let mut command = Command::new(&env.service_bin);
+    service_command_under(env, &[], database_url, model_url)
+}
+
+/// [`service_command`], the service run by `wrapper` (a program and its arguments, such
+/// as valgrind's) when one is given.
+pub fn service_command_under(
+    env: &Env,
+    wrapper: &[String],
+    database_url: &str,
+    model_url: &str,
+) -> Command {
+    let mut command = match wrapper.split_first() {
+        Some((program, args)) => {
+            let mut command = Command::new(program);
+            command.args(args).arg(&env.service_bin);
+            command
+        }
+        None => Command::new(&env.service_bin),
+    };
     command
         .current_dir(&env.work)
         .env_remove("OPENAI_API_KEY")

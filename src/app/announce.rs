@@ -5,8 +5,88 @@ use crate::caller::{self, AuthMode};
 use crate::config::Settings;
 use crate::db::Database;
 use crate::http::ModelInfo;
+use crate::http::serve::{ASSUMED_DESCRIPTORS, Bounds, Descriptors};
 use crate::model::ModelChain;
 use crate::outbox::MailTransport;
+
+/// Memory one loop holds, measured (docs/overload.md): what the bound on loops stands for.
+const BYTES_PER_LOOP: usize = 42 * 1000;
+
+/// The start-up lines of the layers in front of the resilience chain: the descriptor
+/// limit, the rate limit per caller, admission, and the connections.
+pub(super) fn overload(
+    settings: &Settings,
+    descriptors: &std::io::Result<Descriptors>,
+    bounds: &Bounds,
+) {
+    let overload = &settings.overload;
+    let soft = match descriptors {
+        Ok(d) if d.was < d.soft => {
+            tracing::info!(
+                was = d.was,
+                soft = d.soft,
+                "descriptors: soft limit raised from {} to {}, the hard limit",
+                d.was,
+                d.soft
+            );
+            d.soft
+        }
+        Ok(d) => {
+            tracing::info!(
+                soft = d.soft,
+                "descriptors: soft limit {}, the hard limit",
+                d.soft
+            );
+            d.soft
+        }
+        Err(err) => {
+            tracing::warn!(error = %err, "descriptors: cannot read or raise the limit; the bounds below assume {ASSUMED_DESCRIPTORS}");
+            ASSUMED_DESCRIPTORS
+        }
+    };
+    if overload.rate_per_sec == 0 {
+        tracing::info!(
+            layer = "rate limit",
+            "in front of the resilience chain: [rate limit] off (CHECKOUT_RATE_LIMIT_PER_SEC=0): a caller may take every loop of the instance"
+        );
+    } else {
+        tracing::info!(
+            layer = "rate limit",
+            per_sec = overload.rate_per_sec,
+            burst = overload.burst(),
+            "in front of the resilience chain: [rate limit] {} checkouts per second per caller (its API key; its address when open), burst {}, GCRA, per instance: behind N instances a caller gets up to N times this; over it 429 rate_limited with Retry-After, RateLimit and RateLimit-Policy, nothing written",
+            overload.rate_per_sec,
+            overload.burst()
+        );
+    }
+    let lowered = if bounds.max_in_flight < overload.max_in_flight {
+        format!(
+            "; CHECKOUT_MAX_IN_FLIGHT {} lowered to {}: {} descriptors less {} (database pool and spare), less a tenth for connections without a loop, carry {} loops of {} descriptor(s) each",
+            overload.max_in_flight,
+            bounds.max_in_flight,
+            soft,
+            bounds.reserved,
+            bounds.max_in_flight,
+            bounds.per_loop
+        )
+    } else {
+        String::new()
+    };
+    tracing::info!(
+        layer = "admission",
+        max_in_flight = bounds.max_in_flight,
+        "in front of the resilience chain: [admission] at most {} checkout loops at once (clients' checkouts and the recovery sweep's resumes), ~{} MB at ~42 KB per loop; one more is answered 503 overloaded with Retry-After before anything is written, its Idempotency-Key still usable; replays, receipts, health and metrics are served when full{lowered}",
+        bounds.max_in_flight,
+        bounds.max_in_flight * BYTES_PER_LOOP / 1_000_000
+    );
+    tracing::info!(
+        max_connections = bounds.max_connections,
+        "connections: at most {} open (more wait in the kernel's queue); a request head must arrive within {} ms; a connection with no request for {} ms is closed",
+        bounds.max_connections,
+        overload.header_timeout.as_millis(),
+        overload.idle_timeout.as_millis()
+    );
+}
 
 /// The start-up line of the recovery sweep.
 pub(super) fn recovery(settings: &Settings) {

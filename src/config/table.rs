@@ -61,6 +61,12 @@ pub const SETTINGS: &[(&str, &str, Setter)] = &[
     ("idempotency_lease_ms", "CHECKOUT_IDEMPOTENCY_LEASE_MS", |s, v| put(&mut s.idempotency.lease, millis(v, 100))),
     ("recovery", "CHECKOUT_RECOVERY", |s, v| put(&mut s.idempotency.recovery, boolean(v))),
     ("recovery_max_attempts", "CHECKOUT_RECOVERY_MAX_ATTEMPTS", |s, v| put(&mut s.idempotency.recovery_max_attempts, number(v, 1, 100))),
+    ("max_in_flight", "CHECKOUT_MAX_IN_FLIGHT", |s, v| put(&mut s.overload.max_in_flight, number(v, 1, 10_000_000))),
+    ("rate_limit_per_sec", "CHECKOUT_RATE_LIMIT_PER_SEC", |s, v| put(&mut s.overload.rate_per_sec, number(v, 0, 1_000_000))),
+    ("rate_limit_burst", "CHECKOUT_RATE_LIMIT_BURST", |s, v| put(&mut s.overload.rate_burst, number(v, 0, 1_000_000))),
+    ("header_timeout_ms", "CHECKOUT_HEADER_TIMEOUT_MS", |s, v| put(&mut s.overload.header_timeout, millis(v, 100).and_then(at_most_30_s))),
+    ("idle_timeout_ms", "CHECKOUT_IDLE_TIMEOUT_MS", |s, v| put(&mut s.overload.idle_timeout, millis(v, 100))),
+    ("max_connections", "CHECKOUT_MAX_CONNECTIONS", |s, v| put(&mut s.overload.max_connections, number(v, 0, 10_000_000))),
     ("scripted_faults", "CHECKOUT_SCRIPTED_FAULTS", |s, v| put(&mut s.scripted.faults, FaultRule::parse_plan(v))),
     ("scripted_delay_ms", "CHECKOUT_SCRIPTED_DELAY_MS", |s, v| put(&mut s.scripted.delay, millis(v, 0))),
     ("smtp_url", "CHECKOUT_SMTP_URL", |s, v| put(&mut s.mail.smtp_url, smtp_url(v))),
@@ -142,6 +148,16 @@ where
         return Err(format!("{n} is outside {min}..={max}"));
     }
     Ok(n)
+}
+
+fn at_most_30_s(d: Duration) -> Result<Duration, String> {
+    if d > Duration::from_secs(30) {
+        return Err(format!(
+            "{} ms is longer than 30000: a client that stalls its request head holds a connection that long",
+            d.as_millis()
+        ));
+    }
+    Ok(d)
 }
 
 fn millis(text: &str, min: u64) -> Result<Duration, String> {

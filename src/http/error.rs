@@ -30,6 +30,8 @@ pub enum Code {
     ModelDidNotCharge,
     ProviderError,
     Unavailable,
+    Overloaded,
+    RateLimited,
     DeadlineExceeded,
     JournalMismatch,
     NotFound,
@@ -50,6 +52,8 @@ impl Code {
             Code::ModelDidNotCharge => "model_did_not_charge",
             Code::ProviderError => "provider_error",
             Code::Unavailable => "unavailable",
+            Code::Overloaded => "overloaded",
+            Code::RateLimited => "rate_limited",
             Code::DeadlineExceeded => "deadline_exceeded",
             Code::JournalMismatch => "journal_mismatch",
             Code::NotFound => "not_found",
@@ -79,7 +83,8 @@ impl Code {
             Code::ModelError | Code::ModelDidNotCharge | Code::ProviderError => {
                 StatusCode::BAD_GATEWAY
             }
-            Code::Unavailable => StatusCode::SERVICE_UNAVAILABLE,
+            Code::Unavailable | Code::Overloaded => StatusCode::SERVICE_UNAVAILABLE,
+            Code::RateLimited => StatusCode::TOO_MANY_REQUESTS,
             Code::DeadlineExceeded => StatusCode::GATEWAY_TIMEOUT,
             Code::JournalMismatch => StatusCode::INTERNAL_SERVER_ERROR,
             Code::NotFound => StatusCode::NOT_FOUND,
@@ -100,6 +105,8 @@ impl Code {
             Code::ModelDidNotCharge => "The model finished without charging",
             Code::ProviderError => "The payment provider failed",
             Code::Unavailable => "The service cannot reach its database",
+            Code::Overloaded => "The service is running as many checkouts as it takes at once",
+            Code::RateLimited => "Too many checkouts from this caller",
             Code::DeadlineExceeded => "The checkout did not finish in time",
             Code::JournalMismatch => "The operation's journal does not match its replay",
             Code::NotFound => "Not found",
@@ -230,7 +237,8 @@ impl Problem {
     /// The answer to send (and, for final outcomes, to save for replay).
     pub fn answer(self) -> HttpAnswer {
         let code = self.code();
-        if code.status().is_server_error() {
+        // A refusal under load is not a failure to log one by one: /metrics counts them.
+        if code.status().is_server_error() && code != Code::Overloaded {
             tracing::error!(code = code.as_str(), detail = %self.body.detail, "request failed");
         }
         let body = serde_json::to_vec(&self.body).expect("a problem always serializes");

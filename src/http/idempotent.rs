@@ -13,6 +13,7 @@ use utoipa::IntoParams;
 use utoipa::openapi::path::{Parameter, ParameterBuilder, ParameterIn};
 use utoipa::openapi::{ObjectBuilder, Required, Type};
 
+use super::admission::Slot;
 use super::answer::HttpAnswer;
 use super::error::{Code, Problem};
 use super::state::AppState;
@@ -108,6 +109,11 @@ impl IntoParams for IdempotencyKey {
 /// Runs `work` once for `key`: the first request with the key runs it and saves a final
 /// answer; a repeat with the same `fingerprint` gets that answer back, byte for byte.
 /// The work is given the lease it runs under (its fence names it to the journal).
+///
+/// Work runs only with an admission slot. When the instance is full, the record is only
+/// read: a finished answer is replayed, a key in use or reused is refused as ever, and a
+/// request that would run is refused with 503 `overloaded` before anything is written,
+/// so its key stays usable.
 pub async fn once<F>(
     app: &AppState,
     caller: &str,
@@ -119,15 +125,30 @@ where
     F: Future<Output = HttpAnswer> + Send + 'static,
 {
     let settings = app.settings();
-    let begun = idempotency::begin(
-        app.records(),
-        caller,
-        key.as_str(),
-        fingerprint,
-        settings.idempotency.lease,
-        settings.idempotency.ttl,
-    )
-    .await;
+    let mut slot = app.admission().try_admit();
+    let begun = match slot {
+        Some(_) => {
+            idempotency::begin(
+                app.records(),
+                caller,
+                key.as_str(),
+                fingerprint,
+                settings.idempotency.lease,
+                settings.idempotency.ttl,
+            )
+            .await
+        }
+        None => match idempotency::peek(app.records(), caller, key.as_str(), fingerprint).await {
+            Ok(Some(found)) => Ok(found),
+            Ok(None) => return app.admission().refusal().into_response(),
+            Err(err) => Err(err),
+        },
+    };
+    if !matches!(begun, Ok(Begin::Owner(_)))
+        && let Some(slot) = slot.take()
+    {
+        slot.unused();
+    }
     let outcome = match &begun {
         Ok(Begin::Owner(_)) => Some(KeyOutcome::New),
         Ok(Begin::Replay(_)) => Some(KeyOutcome::Replay),
@@ -140,7 +161,7 @@ where
     }
     match begun {
         Ok(Begin::Owner(lease)) => {
-            let work = work(&lease);
+            let work = holding(slot, work(&lease));
             detached(owned(app.clone(), lease, work))
                 .await
                 .into_response()
@@ -179,6 +200,15 @@ pub async fn detached(work: impl Future<Output = HttpAnswer> + Send + 'static) -
         Ok(answer) => answer,
         Err(err) => Problem::new(Code::Unavailable, format!("the task failed: {err}")).answer(),
     }
+}
+
+/// The work, holding its admission slot until it ends (also when its client has left).
+pub async fn holding(
+    slot: Option<Slot>,
+    work: impl Future<Output = HttpAnswer> + Send + 'static,
+) -> HttpAnswer {
+    let _slot = slot;
+    work.await
 }
 
 /// Runs `work` under a lease the recovery sweep took: as [`once`] runs a new key's work

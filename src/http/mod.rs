@@ -1,5 +1,6 @@
 //! The HTTP API: router, one file per resource, errors, the OpenAPI document.
 
+pub mod admission;
 pub mod answer;
 mod api_doc;
 pub mod auth;
@@ -9,8 +10,10 @@ pub mod extract;
 pub mod health;
 pub mod idempotent;
 pub mod metrics;
+pub mod rate_limit;
 pub mod receipts;
 pub mod recovery;
+pub mod serve;
 pub mod state;
 
 use std::time::Duration;
@@ -135,15 +138,20 @@ pub fn openapi(open: bool) -> utoipa::openapi::OpenApi {
 /// The routes and their document; with the state, the callers' routes behind the API key
 /// check.
 fn api_parts(state: Option<&AppState>) -> (Router<AppState>, utoipa::openapi::OpenApi) {
-    let callers = OpenApiRouter::new()
-        .routes(routes!(checkout::checkout))
-        .routes(routes!(receipts::get_receipt));
+    let checkout = OpenApiRouter::new().routes(routes!(checkout::checkout));
     let callers = match state {
-        Some(state) => callers.route_layer(axum::middleware::from_fn_with_state(
-            state.clone(),
-            auth::require_caller,
-        )),
-        None => callers,
+        // The rate limit sits behind the API key check, which names the caller.
+        Some(state) => checkout
+            .route_layer(axum::middleware::from_fn_with_state(
+                state.clone(),
+                rate_limit::limit,
+            ))
+            .routes(routes!(receipts::get_receipt))
+            .route_layer(axum::middleware::from_fn_with_state(
+                state.clone(),
+                auth::require_caller,
+            )),
+        None => checkout.routes(routes!(receipts::get_receipt)),
     };
     OpenApiRouter::with_openapi(ApiDoc::openapi())
         .merge(callers)

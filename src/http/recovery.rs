@@ -8,6 +8,7 @@
 
 use std::time::Duration;
 
+use super::admission::Slot;
 use super::checkout::{self, rebuild};
 use super::idempotent;
 use super::state::AppState;
@@ -34,12 +35,21 @@ pub async fn sweep_forever(app: AppState) {
             }
         };
         for operation in lapsed {
-            Box::pin(recover(&app, operation)).await;
+            // A resume runs a loop: it takes an admission slot like a client's checkout,
+            // so a sweep after an outage cannot overload the instance. A full instance
+            // leaves the rest for a later pass.
+            let Some(slot) = app.admission().try_admit() else {
+                tracing::debug!(
+                    "recovery sweep: the instance is full; lapsed operations wait for the next pass"
+                );
+                break;
+            };
+            Box::pin(recover(&app, operation, slot)).await;
         }
     }
 }
 
-async fn recover(app: &AppState, operation: Lapsed) {
+async fn recover(app: &AppState, operation: Lapsed, slot: Slot) {
     let settings = app.settings();
     let max = i64::from(settings.idempotency.recovery_max_attempts);
     let (caller, key) = (operation.caller.clone(), operation.key.clone());
@@ -57,7 +67,7 @@ async fn recover(app: &AppState, operation: Lapsed) {
                 tracing::warn!(key, error = %err, "recovery sweep: cannot mark an operation")
             }
         }
-        return;
+        return slot.unused();
     }
     let request = match rebuild(&operation.request, settings.payments.max_amount).and_then(
         |parts| {
@@ -70,7 +80,7 @@ async fn recover(app: &AppState, operation: Lapsed) {
         Ok(request) => request,
         Err(err) => {
             tracing::error!(key, caller, error = %err, "recovery sweep: the operation's recorded request does not read; not resumed");
-            return;
+            return slot.unused();
         }
     };
     let lease = match app
@@ -80,10 +90,10 @@ async fn recover(app: &AppState, operation: Lapsed) {
     {
         Ok(Some(lease)) => lease,
         // Its client's retry, or another instance's sweep, got there first.
-        Ok(None) => return,
+        Ok(None) => return slot.unused(),
         Err(err) => {
             tracing::warn!(key, error = %err, "recovery sweep: cannot take an operation over");
-            return;
+            return slot.unused();
         }
     };
     tracing::warn!(
@@ -98,7 +108,9 @@ async fn recover(app: &AppState, operation: Lapsed) {
     let fence = Some(lease.fence);
     let work = {
         let app = app.clone();
-        async move { checkout::run(&app, order, email, operation_key, &caller, fence, format).await }
+        idempotent::holding(Some(slot), async move {
+            checkout::run(&app, order, email, operation_key, &caller, fence, format).await
+        })
     };
     let answer = idempotent::resume(app, lease, work).await;
     if answer.final_outcome {

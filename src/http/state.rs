@@ -6,6 +6,8 @@ use std::sync::Arc;
 use serde::Serialize;
 use utoipa::ToSchema;
 
+use super::admission::Admission;
+use super::rate_limit::RateLimit;
 use crate::assistant::Assistant;
 use crate::caller::Gate;
 use crate::config::Settings;
@@ -32,6 +34,10 @@ pub struct Parts {
     pub model: ModelInfo,
     pub metrics: Metrics,
     pub gate: Gate,
+    /// The bound on loops running at once.
+    pub admission: Admission,
+    /// The rate limit per caller, when one is set.
+    pub rate_limit: Option<RateLimit>,
 }
 
 impl AppState {
@@ -70,6 +76,14 @@ impl AppState {
 
     pub fn assistant(&self) -> &Assistant {
         &self.0.assistant
+    }
+
+    pub fn admission(&self) -> &Admission {
+        &self.0.admission
+    }
+
+    pub fn rate_limit(&self) -> Option<&RateLimit> {
+        self.0.rate_limit.as_ref()
     }
 
     pub fn model_info(&self) -> &ModelInfo {

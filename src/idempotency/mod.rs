@@ -176,20 +176,11 @@ pub async fn begin(
             records::forget_expired(conn.conn(), caller, key).await?;
             continue;
         }
-        if record.fingerprint != fingerprint.as_str() {
-            return Ok(Begin::Mismatch);
+        let fence = record.fence;
+        if let Some(found) = settled(record, fingerprint) {
+            return Ok(found);
         }
-        if let Some(saved) = record.saved {
-            return Ok(Begin::Replay(saved));
-        }
-        if !record.lease_left.is_zero() {
-            return Ok(Begin::InFlight {
-                retry_after: record.lease_left,
-            });
-        }
-        if let Some(fence) =
-            records::take_over(conn.conn(), caller, key, record.fence, lease).await?
-        {
+        if let Some(fence) = records::take_over(conn.conn(), caller, key, fence, lease).await? {
             tracing::warn!(
                 key,
                 fence,
@@ -201,6 +192,39 @@ pub async fn begin(
     Ok(Begin::InFlight {
         retry_after: Duration::from_secs(1),
     })
+}
+
+/// What `begin` would answer without running the work, found without writing anything;
+/// `None` when `begin` would claim the key (no record, an expired one, a lapsed lease).
+/// Asked when the instance is full: a finished answer is still replayed then.
+pub async fn peek(
+    store: &Records,
+    caller: &str,
+    key: &str,
+    fingerprint: &Fingerprint,
+) -> Result<Option<Begin>, StoreError> {
+    let mut conn = store.db.acquire().await?;
+    Ok(match records::read(conn.conn(), caller, key).await? {
+        Some(record) if !record.expired => settled(record, fingerprint),
+        _ => None,
+    })
+}
+
+/// What a live record tells a request with `fingerprint`; `None` when its lease lapsed
+/// unfinished, so the request may take the key over.
+fn settled(record: records::Record, fingerprint: &Fingerprint) -> Option<Begin> {
+    if record.fingerprint != fingerprint.as_str() {
+        return Some(Begin::Mismatch);
+    }
+    if let Some(saved) = record.saved {
+        return Some(Begin::Replay(saved));
+    }
+    if !record.lease_left.is_zero() {
+        return Some(Begin::InFlight {
+            retry_after: record.lease_left,
+        });
+    }
+    None
 }
 
 fn lease_of(caller: &str, key: &str, fence: i64) -> Lease {

@@ -393,7 +393,7 @@ async fn the_openapi_document_describes_every_field_and_error() {
     assert_eq!(
         statuses,
         [
-            "200", "400", "401", "402", "409", "422", "500", "502", "503", "504"
+            "200", "400", "401", "402", "409", "422", "429", "500", "502", "503", "504"
         ]
     );
     // The callers' endpoints name the API key scheme (Swagger UI's Authorize button),
@@ -446,7 +446,8 @@ fn each_error_status_documents_an_example_of_each_of_its_codes() {
             "502",
             &["model_did_not_charge", "model_error", "provider_error"],
         ),
-        ("503", &["unavailable"]),
+        ("429", &["rate_limited"]),
+        ("503", &["overloaded", "unavailable"]),
         ("504", &["deadline_exceeded"]),
     ] {
         let examples = responses[status]["content"]["application/problem+json"]["examples"]

@@ -16,6 +16,7 @@ mod journal;
 mod metrics;
 mod model_behaviour;
 mod outage;
+mod overload;
 mod process;
 mod provider;
 mod real_server_answers;

@@ -130,8 +130,21 @@ impl IntoResponses for CheckoutErrors {
                 ],
             ),
             (
-                "`unavailable`: the database could not be reached (see Retry-After)",
-                vec![unavailable],
+                "`rate_limited`: this caller sent more checkouts than its rate limit (CHECKOUT_RATE_LIMIT_PER_SEC, per instance); nothing was run or recorded. See Retry-After, and the IETF fields RateLimit-Policy (`\"checkout\";q=<burst>;w=<seconds>`) and RateLimit (`\"checkout\";r=<remaining>;t=<seconds until whole>`), which every answer of this route carries while a rate limit is set",
+                vec![Problem::new(
+                    Code::RateLimited,
+                    "this caller sent more checkouts than its limit of 5 per second (burst 10) on this instance; nothing was run or recorded; send again after 1 s",
+                )],
+            ),
+            (
+                "`unavailable`: the database could not be reached; `overloaded`: the instance runs as many checkouts as it takes at once (CHECKOUT_MAX_IN_FLIGHT) and refused this one before anything was run or recorded, so the same request, with the same Idempotency-Key, can be sent again. Both with Retry-After",
+                vec![
+                    unavailable,
+                    Problem::new(
+                        Code::Overloaded,
+                        "this instance is running its limit of 10000 checkouts at once (CHECKOUT_MAX_IN_FLIGHT); nothing was run or recorded, so the same request (with the same Idempotency-Key) can be sent again after 4 s",
+                    ),
+                ],
             ),
             (
                 "`deadline_exceeded`: the checkout timed out after retries",

@@ -97,10 +97,13 @@ pub async fn checkout(
             Box::pin(idempotent::once(&app, &caller, &key, &fingerprint, work)).await
         }
         None => {
+            let Some(slot) = app.admission().try_admit() else {
+                return app.admission().refusal().into_response();
+            };
             let operation_key = OperationKey::mint();
-            idempotent::detached(async move {
+            idempotent::detached(idempotent::holding(Some(slot), async move {
                 run(&app, order, email, operation_key, "", None, format).await
-            })
+            }))
             .await
             .into_response()
         }

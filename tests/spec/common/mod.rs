@@ -357,7 +357,12 @@ pub struct Process {
 impl Process {
     /// Starts the binary with these environment variables and waits until it listens.
     pub fn start(env: &[(&str, &str)]) -> Process {
-        let mut process = Process::spawn(env);
+        Process::start_with(env, |_| {})
+    }
+
+    /// As [`Process::start`], with the command adjusted by `tune` first.
+    pub fn start_with(env: &[(&str, &str)], tune: impl FnOnce(&mut Command)) -> Process {
+        let mut process = Process::spawn_with(env, tune);
         let deadline = Instant::now() + Duration::from_secs(20);
         loop {
             if let Some(addr) = process
@@ -386,6 +391,10 @@ impl Process {
 
     /// Starts the binary without waiting for it.
     pub fn spawn(env: &[(&str, &str)]) -> Process {
+        Process::spawn_with(env, |_| {})
+    }
+
+    fn spawn_with(env: &[(&str, &str)], tune: impl FnOnce(&mut Command)) -> Process {
         let mail_dir = tempfile::tempdir().expect("a temp dir");
         let mut command = Command::new(env!("CARGO_BIN_EXE_checkout"));
         command
@@ -406,6 +415,7 @@ impl Process {
         for (name, value) in env {
             command.env(name, value);
         }
+        tune(&mut command);
         let mut child = command.spawn().expect("spawn checkout");
         let logs = Arc::new(Mutex::new(Vec::new()));
         for stream in [
@@ -467,6 +477,15 @@ impl Drop for Process {
         let _ = self.child.kill();
         let _ = self.child.wait();
     }
+}
+
+/// The value of one series of a `/metrics` scrape (`name{labels}` exactly as exposed),
+/// or `None` when absent.
+pub fn sample(text: &str, series: &str) -> Option<f64> {
+    text.lines().find_map(|line| {
+        let value = line.strip_prefix(series)?.strip_prefix(' ')?;
+        Some(value.parse().expect("a sample value"))
+    })
 }
 
 /// Waits until `done` holds, checking every 5 ms; fails the test naming `what` after 15 s.
