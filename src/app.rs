@@ -23,7 +23,7 @@ use crate::idempotency::{self, Records};
 use crate::journal::Journal;
 use crate::metrics::Metrics;
 use crate::model::scripted::{Script, ScriptedModel};
-use crate::model::{ModelClient, ModelEndpoint};
+use crate::model::{ModelChain, ModelClient, ModelEndpoint};
 use crate::outbox::{Dispatcher, MailTransport, Outbox};
 use crate::payments::stripe::Stripe;
 use crate::payments::{Intents, PaymentGateway, Receipts};
@@ -95,6 +95,8 @@ impl App {
                 (endpoint, Some(model))
             }
         };
+        let metrics = Metrics::new();
+        let chain = model_chain(&endpoint, &settings, &metrics)?;
         let info = ModelInfo {
             provider: if scripted.is_some() { "scripted" } else { "openai-compatible" },
             base_url: endpoint.base_url.clone(),
@@ -102,10 +104,8 @@ impl App {
             warning: scripted.is_some().then_some(
                 "the built-in scripted model is in use: no OPENAI_API_KEY or OPENAI_BASE_URL is set, so no real model is asked",
             ),
+            breakers: chain.breakers(),
         };
-        let metrics = Metrics::new();
-        let client = ModelClient::new(&endpoint, &settings.request, &metrics)
-            .map_err(StartError::ModelClient)?;
         let gateway = match settings.stripe() {
             Some(stripe) => PaymentGateway::with_provider(
                 Receipts::new(&db),
@@ -127,7 +127,7 @@ impl App {
         let records = Records::new(&db);
         let transport = MailTransport::new(&settings.mail).map_err(StartError::Mail)?;
         let tools = ToolBox::new(gateway.clone(), outbox.clone(), metrics.clone());
-        let agent = AgentLoop::new(client, tools, memory, limits);
+        let agent = AgentLoop::new(chain.clone(), tools, memory, limits);
         let assistant = Assistant::new(
             agent,
             &settings.assistant.retry,
@@ -147,6 +147,7 @@ impl App {
         let rate_limit = RateLimit::new(&settings.overload);
         announce::overload(&settings, &descriptors, &bounds);
         announce::chain(&settings, &db, &info);
+        announce::endpoints(&settings, &chain);
         announce::callers(&settings, keys_exist);
         announce::mail(&settings, &transport);
         announce::recovery(&settings);
@@ -231,6 +232,22 @@ impl App {
         tracing::info!("stopped");
         Ok(())
     }
+}
+
+/// The primary endpoint, then the fallbacks: each its own client, request retry, timeout
+/// and circuit breaker.
+fn model_chain(
+    primary: &ModelEndpoint,
+    settings: &Settings,
+    metrics: &Metrics,
+) -> Result<ModelChain, StartError> {
+    let endpoints = std::iter::once(primary.clone()).chain(settings.fallback_endpoints());
+    let clients = endpoints
+        .zip(1..)
+        .map(|(e, n)| ModelClient::new(&e, n, &settings.request, settings.model.breaker, metrics))
+        .collect::<Result<Vec<_>, _>>()
+        .map_err(StartError::ModelClient)?;
+    Ok(ModelChain::new(clients))
 }
 
 /// `CHECKOUT_AUTH=auto` never serves open on an address others can reach.

@@ -28,6 +28,8 @@ use metrics_exporter_prometheus::{
     Matcher, PrometheusBuilder, PrometheusHandle, PrometheusRecorder,
 };
 
+mod breaker;
+
 /// What one metric is.
 struct Def {
     name: &'static str,
@@ -137,10 +139,13 @@ const IN_FLIGHT_LIMIT: Def = Def {
 };
 
 /// Gauges: described and registered apart from the counters and histograms.
-const GAUGES: &[&Def] = &[&IN_FLIGHT, &IN_FLIGHT_LIMIT];
+const GAUGES: &[&Def] = &[&IN_FLIGHT, &IN_FLIGHT_LIMIT, &breaker::STATE];
 
 const CATALOGUE: &[&Def] = &[
     &REFUSALS,
+    &breaker::TRANSITIONS,
+    &breaker::REFUSED,
+    &breaker::FALLBACK_TURNS,
     &EMAILS,
     &PROVIDER_REQUESTS,
     &PROVIDER_DURATION,
@@ -507,6 +512,7 @@ fn metadata() -> Metadata<'static> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::model::breaker::BreakerState;
 
     #[test]
     fn every_metric_has_help_and_its_type_and_histograms_count_in_their_buckets() {
@@ -522,6 +528,9 @@ mod tests {
             model: "m".into(),
         };
         metrics.chat(&target, Duration::from_millis(30), Ok(Some((7, 2))));
+        metrics.breaker_transition("m", BreakerState::Closed, BreakerState::Open);
+        metrics.breaker_refused("m");
+        metrics.fallback_turn("m");
         let text = metrics.render();
         for def in CATALOGUE {
             assert!(

@@ -47,6 +47,9 @@ pub enum Stop {
     RetryAfterTooLong(Duration),
     /// The layer is configured with no retries.
     Off,
+    /// Another endpoint is next in line for the same request: it is asked instead of
+    /// this one again (a dead primary does not cost every turn its backoff).
+    FailOver,
 }
 
 impl<K: Unit> Retried<K> {
@@ -99,6 +102,9 @@ impl<K: Unit> fmt::Display for Retried<K> {
                 wait.as_millis()
             ),
             Some(Stop::Off) => write!(f, "; the {layer} is off"),
+            Some(Stop::FailOver) => {
+                write!(f, "; the {layer} left it to the next endpoint ({unit})")
+            }
         }
     }
 }

@@ -6,6 +6,7 @@ use crate::config::Settings;
 use crate::db::Database;
 use crate::http::ModelInfo;
 use crate::http::serve::{ASSUMED_DESCRIPTORS, Bounds, Descriptors};
+use crate::model::ModelChain;
 use crate::outbox::MailTransport;
 
 /// Memory one loop holds, measured (docs/overload.md): what the bound on loops stands for.
@@ -264,4 +265,39 @@ pub(super) fn chain(settings: &Settings, db: &Database, model: &ModelInfo) {
             "the loop retry re-runs tools that already ran, the charge included; it cannot double-charge here because every attempt charges with the charge key the handler made from the order id before the first attempt, and the receipts table's unique order_id hands a repeated charge the first receipt"
         );
     }
+}
+
+/// The start-up lines of the model endpoints, in the order a turn asks them, with their
+/// circuit breakers.
+pub(super) fn endpoints(settings: &Settings, chain: &ModelChain) {
+    for (i, client) in chain.endpoints().iter().enumerate() {
+        let role = if i == 0 { "primary" } else { "fallback" };
+        tracing::info!(
+            endpoint = client.breaker().endpoint(),
+            role,
+            "model endpoint {}: {} ({role}), its own client, request retry, request timeout and circuit breaker",
+            i + 1,
+            client.breaker().endpoint()
+        );
+    }
+    let breaker = settings.model.breaker;
+    if chain.endpoints().len() > 1 {
+        tracing::info!(
+            endpoints = chain.endpoints().len(),
+            "fallback, per model turn (between [4] and [5]): a turn whose endpoint failed transiently (connect error, timeout, 408, 429, 5xx: not repeated there, the next endpoint is the retry), whose breaker is open, or that answered 400 context_length_exceeded, is asked of the next endpoint, continuing the same conversation from the journal; the last endpoint's request retry repeats as in [5]. Once the order is charged, a turn no endpoint answers is written by the service from the receipt (200, messageSource service)"
+        );
+    } else {
+        tracing::info!(
+            "fallback: none (no OPENAI_FALLBACK_BASE_URL, no model_fallbacks); once the order is charged, a turn the model does not answer is written by the service from the receipt (200, messageSource service)"
+        );
+    }
+    tracing::info!(
+        window = breaker.window,
+        failure_percent = breaker.failure_percent,
+        open_ms = breaker.open.as_millis() as u64,
+        "circuit breaker, per model endpoint (inside [5], around every request): opens when at least {}% of the last {} requests failed transiently; open, nothing is sent to the endpoint for {} ms, then one trial request, whose success closes it; a 400, 401, 403, 404 or 422 opens nothing",
+        breaker.failure_percent,
+        breaker.window,
+        breaker.open.as_millis()
+    );
 }

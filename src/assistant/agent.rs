@@ -15,7 +15,7 @@ use super::error::{CheckoutError, FailureKind};
 use super::memory::{self, Memory};
 use super::prompts;
 use super::tools::ToolBox;
-use crate::model::ModelClient;
+use crate::model::ModelChain;
 use crate::model::wire::{ChatRequest, Message};
 use crate::payments::Receipt;
 
@@ -25,12 +25,32 @@ pub struct CheckoutOutcome {
     pub receipt: Receipt,
     /// True when this operation (this operation key) made the charge, in any attempt.
     pub charged: bool,
-    /// The model's confirmation sentence.
+    /// The confirmation sentence.
     pub message: String,
+    /// Who wrote it.
+    pub message_source: MessageSource,
     /// Loop attempts it took.
     pub attempts: u32,
     /// Model requests and tokens it took, and the steps replayed from the journal.
     pub usage: Usage,
+}
+
+/// Who wrote a checkout's confirmation sentence.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum MessageSource {
+    Model,
+    /// The service, from the receipt: the order is charged and no model endpoint wrote
+    /// the sentence (every one failed, or the answer was empty).
+    Service,
+}
+
+impl MessageSource {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            MessageSource::Model => "model",
+            MessageSource::Service => "service",
+        }
+    }
 }
 
 /// One run of the loop is one `call`: a tower service, so the loop retry and the loop
@@ -39,7 +59,7 @@ pub struct CheckoutOutcome {
 pub struct AgentLoop(Arc<Inner>);
 
 struct Inner {
-    model: ModelClient,
+    model: ModelChain,
     tools: ToolBox,
     memory: Memory,
     limits: LoopLimits,
@@ -57,7 +77,7 @@ pub struct LoopLimits {
 }
 
 impl AgentLoop {
-    pub fn new(model: ModelClient, tools: ToolBox, memory: Memory, limits: LoopLimits) -> Self {
+    pub fn new(model: ModelChain, tools: ToolBox, memory: Memory, limits: LoopLimits) -> Self {
         AgentLoop(Arc::new(Inner {
             model,
             tools,
@@ -91,6 +111,23 @@ impl Service<LoopRequest> for AgentLoop {
     }
 }
 
+impl CheckoutOutcome {
+    /// The confirmation the service writes from the receipt.
+    pub fn written_by_service(ctx: &CheckoutContext, receipt: Receipt, attempts: u32) -> Self {
+        CheckoutOutcome {
+            charged: ctx.made(&receipt),
+            message: format!(
+                "Order {} is paid: {} charged, receipt {}.",
+                receipt.order_id, receipt.amount, receipt.id
+            ),
+            receipt,
+            message_source: MessageSource::Service,
+            attempts,
+            usage: ctx.usage(),
+        }
+    }
+}
+
 impl Inner {
     async fn run(
         &self,
@@ -99,7 +136,7 @@ impl Inner {
     ) -> Result<CheckoutOutcome, FailureKind> {
         let limits = self.limits;
         let mut chat = ChatRequest {
-            model: self.model.model().to_owned(),
+            model: self.model.primary().model().to_owned(),
             messages: prompts::opening(ctx.order(), ctx.email().is_some()),
             tools: ToolBox::specs(ctx.email().is_some()).into(),
             max_tokens: Some(limits.max_tokens),
@@ -107,7 +144,7 @@ impl Inner {
         // Pins guard a journal that another run may read; steps kept in process are read
         // back by this operation's own loop retry only, under the same pins.
         let pins = if self.memory.durable(ctx) {
-            memory::pins(ctx, &chat)
+            memory::pins(ctx, &chat, &self.model.models())
         } else {
             String::new()
         };
@@ -124,8 +161,9 @@ impl Inner {
             rounds.reached(round);
             step += 1;
             let reply = match replay.answer(step)? {
-                Some((reply, cost)) => {
+                Some((reply, cost, answered_by)) => {
                     ctx.replayed();
+                    ctx.answered_by(&answered_by);
                     self.model.metrics().journal_replayed_answer(cost);
                     reply
                 }
@@ -133,10 +171,12 @@ impl Inner {
                     // The model call and the tools are boxed: each lives only while it
                     // runs, so a loop waiting on the model holds a small future, not the
                     // largest of both (thousands of loops wait at once).
-                    let completion =
-                        Box::pin(self.model.complete(&chat, round, ctx.request_counter()))
-                            .await
-                            .map_err(FailureKind::Model)?;
+                    let asked =
+                        Box::pin(self.model.complete(&mut chat, round, ctx.request_counter()))
+                            .await;
+                    let (completion, endpoint) = asked.map_err(FailureKind::Model)?;
+                    let label = endpoint.breaker().endpoint();
+                    ctx.answered_by(endpoint.model());
                     ctx.used(&completion);
                     // Journaled with the first tool result it leads to (in the tool's
                     // own commit, when it has an effect), or alone if it asks for none.
@@ -146,6 +186,7 @@ impl Inner {
                         &completion.message,
                         completion.usage,
                         &pins,
+                        label,
                     ));
                     completion.message
                 }
@@ -172,19 +213,16 @@ impl Inner {
                     chat.messages.push(prompts::nudge(ctx.order()));
                     continue;
                 };
-                let message = match reply.content.as_deref().map(str::trim) {
-                    Some(text) if !text.is_empty() => text.to_owned(),
-                    _ => format!(
-                        "Order {} is paid: {} charged, receipt {}.",
-                        receipt.order_id, receipt.amount, receipt.id
-                    ),
-                };
-                return Ok(CheckoutOutcome {
-                    charged: ctx.made(&receipt),
-                    receipt,
-                    message,
-                    attempts: attempt,
-                    usage: ctx.usage(),
+                return Ok(match reply.content.as_deref().map(str::trim) {
+                    Some(text) if !text.is_empty() => CheckoutOutcome {
+                        charged: ctx.made(&receipt),
+                        receipt,
+                        message: text.to_owned(),
+                        message_source: MessageSource::Model,
+                        attempts: attempt,
+                        usage: ctx.usage(),
+                    },
+                    _ => CheckoutOutcome::written_by_service(ctx, receipt, attempt),
                 });
             }
             chat.messages.push(Message::Assistant {

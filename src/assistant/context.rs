@@ -34,6 +34,8 @@ struct Inner {
     /// The steps taken, when they are not journaled in the database (an operation
     /// without an Idempotency-Key): what the loop retry resumes from.
     kept: Mutex<Vec<Entry>>,
+    /// The models that answered (replayed answers too), in order of first use.
+    models: Mutex<Vec<String>>,
 }
 
 /// What a checkout cost in model requests and tokens, and what its journal saved.
@@ -81,6 +83,7 @@ impl CheckoutContext {
             requests: Arc::default(),
             usage: Mutex::new(Usage::default()),
             kept: Mutex::new(Vec::new()),
+            models: Mutex::new(Vec::new()),
         }))
     }
 
@@ -114,6 +117,19 @@ impl CheckoutContext {
             usage.input_tokens += tokens.prompt_tokens;
             usage.output_tokens += tokens.completion_tokens;
         }
+    }
+
+    /// Notes the model that gave an answer (none for a journal entry that does not say).
+    pub(crate) fn answered_by(&self, model: &str) {
+        let mut models = self.0.models.lock().expect("never poisoned");
+        if !model.is_empty() && !models.iter().any(|m| m == model) {
+            models.push(model.to_owned());
+        }
+    }
+
+    /// The models that answered, in order of first use.
+    pub fn models(&self) -> Vec<String> {
+        self.0.models.lock().expect("never poisoned").clone()
     }
 
     /// Keeps steps in the context (see [`Self::kept`]).

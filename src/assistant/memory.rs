@@ -124,7 +124,8 @@ impl Memory {
         }
     }
 
-    /// The entry of a model answer at `step`; the first carries the pins.
+    /// The entry of a model answer at `step`, named by the endpoint that gave it
+    /// (`model@base_url`); the first carries the pins.
     pub fn answer(
         &self,
         ctx: &CheckoutContext,
@@ -132,11 +133,12 @@ impl Memory {
         message: &AssistantMessage,
         usage: Option<TokenUsage>,
         pins: &str,
+        endpoint: &str,
     ) -> Option<NewEntry> {
         let tokens = |n: u64| i64::try_from(n).ok();
         Some(NewEntry {
             kind: EntryKind::Answer,
-            name: String::new(),
+            name: endpoint.to_owned(),
             call_id: None,
             body: serde_json::to_string(message).expect("answers serialize"),
             pins: (step == 1).then(|| pins.to_owned()),
@@ -180,9 +182,10 @@ impl Memory {
     }
 }
 
-/// What a journal is valid for: the request (its fingerprint), the model, and the exact
+/// What a journal is valid for: the request (its fingerprint), the configured chain of
+/// models (not the one that answered: a fallback continues the journal), and the exact
 /// opening prompt and tool schemas (hashed), as the loop is about to send them.
-pub fn pins(ctx: &CheckoutContext, opening: &ChatRequest) -> String {
+pub fn pins(ctx: &CheckoutContext, opening: &ChatRequest, models: &str) -> String {
     let mut prompt = Sha256::new();
     prompt.update(serde_json::to_vec(&opening.messages).expect("messages serialize"));
     prompt.update(serde_json::to_vec(&opening.tools).expect("tools serialize"));
@@ -193,7 +196,7 @@ pub fn pins(ctx: &CheckoutContext, opening: &ChatRequest) -> String {
         .collect();
     json!({
         "request": Fingerprint::of_checkout(ctx.order()).with_email(ctx.email()).as_str(),
-        "model": opening.model,
+        "model": models,
         "prompt": &digest[..16],
     })
     .to_string()
@@ -211,11 +214,12 @@ pub struct Replay {
 
 impl Replay {
     /// The journaled model answer at `step`, if the journal reaches it, with the tokens
-    /// (input, output) it cost when first asked for.
+    /// (input, output) it cost when first asked for and the model that gave it (empty
+    /// for an entry older than the fallbacks).
     pub fn answer(
         &mut self,
         step: i64,
-    ) -> Result<Option<(AssistantMessage, Tokens)>, JournalFailure> {
+    ) -> Result<Option<(AssistantMessage, Tokens, String)>, JournalFailure> {
         let Some(entry) = self.next(step)? else {
             return Ok(None);
         };
@@ -230,8 +234,9 @@ impl Replay {
         }
         let tokens = |n: Option<i64>| n.and_then(|n| u64::try_from(n).ok()).unwrap_or(0);
         let cost = (tokens(entry.input_tokens), tokens(entry.output_tokens));
+        let model = entry.name.split('@').next().unwrap_or_default().to_owned();
         serde_json::from_str(&entry.body)
-            .map(|answer| Some((answer, cost)))
+            .map(|answer| Some((answer, cost, model)))
             .map_err(|err| mismatch(step, format!("the journaled answer does not read: {err}")))
     }
 

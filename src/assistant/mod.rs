@@ -16,7 +16,7 @@ use tracing::Instrument;
 use crate::metrics::Metrics;
 use crate::telemetry::genai;
 
-pub use agent::{AgentLoop, CheckoutOutcome, LoopLimits};
+pub use agent::{AgentLoop, CheckoutOutcome, LoopLimits, MessageSource};
 pub use context::{ChargeReport, ChargeStatus, Usage};
 
 /// The longest model answer asked for: a tool call or a sentence needs under a hundred

@@ -98,6 +98,10 @@ impl Settings {
                 message: e.message().to_owned(),
             })?;
         for (key, value) in table {
+            if key == super::fallbacks::FILE_KEY {
+                self.apply_fallbacks(value)?;
+                continue;
+            }
             let Some((key, env, set)) = SETTINGS.iter().find(|(k, _, _)| *k == key) else {
                 return Err(ConfigError::UnknownKey { path: shown, key });
             };

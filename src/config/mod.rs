@@ -4,6 +4,7 @@
 //! `SETTINGS`); a bad value is one error naming both, and the process exits with 2.
 //! The sections are here, the table of names in `table.rs`, the reading in `load.rs`.
 
+mod fallbacks;
 mod load;
 mod table;
 #[cfg(test)]
@@ -20,7 +21,7 @@ use crate::assistant::LoopRetrySettings;
 use crate::caller::AuthMode;
 use crate::db::PoolSettings;
 use crate::model::scripted::FaultRule;
-use crate::model::{ModelEndpoint, RequestRetrySettings};
+use crate::model::{BreakerSettings, ModelEndpoint, RequestRetrySettings};
 use crate::outbox::MailSettings;
 use crate::payments::stripe::StripeSettings;
 use crate::secret::Secret;
@@ -115,6 +116,15 @@ pub struct ModelSettings {
     pub api_key: Option<Secret>,
     pub name: String,
     pub h2c: bool,
+    /// `OPENAI_FALLBACK_*`: the first fallback endpoint; its model defaults to the
+    /// primary's, its key to none.
+    pub fallback_base_url: Option<String>,
+    pub fallback_api_key: Option<Secret>,
+    pub fallback_model: Option<String>,
+    /// The fallbacks after it, from the config file (`model_fallbacks`).
+    pub file_fallbacks: Vec<ModelEndpoint>,
+    /// Every endpoint's circuit breaker.
+    pub breaker: BreakerSettings,
 }
 
 #[derive(Clone, Debug)]
@@ -223,6 +233,15 @@ impl Default for Settings {
                 api_key: None,
                 name: "gpt-4o-mini".into(),
                 h2c: false,
+                fallback_base_url: None,
+                fallback_api_key: None,
+                fallback_model: None,
+                file_fallbacks: Vec::new(),
+                breaker: BreakerSettings {
+                    window: 20,
+                    failure_percent: 50,
+                    open: Duration::from_millis(5_000),
+                },
             },
             request: RequestRetrySettings {
                 timeout: Duration::from_millis(10_000),
@@ -350,6 +369,7 @@ impl Settings {
                 "CHECKOUT_RATE_LIMIT_BURST is set but CHECKOUT_RATE_LIMIT_PER_SEC is 0 (no rate limit): set the rate too, or leave the burst at 0".into(),
             ));
         }
+        self.check_fallbacks()?;
         let scripted_options = !self.scripted.faults.is_empty() || !self.scripted.delay.is_zero();
         if scripted_options && matches!(self.model_source(), ModelSource::Remote(_)) {
             return Err(ConfigError::Combination(

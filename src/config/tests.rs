@@ -1,8 +1,13 @@
 use super::*;
 
 fn load(env: &[(&str, &str)]) -> Result<Settings, ConfigError> {
+    load_from(PathBuf::from("config/default.toml"), env)
+}
+
+/// The settings from the file at `path` and the environment `env`.
+pub(super) fn load_from(path: PathBuf, env: &[(&str, &str)]) -> Result<Settings, ConfigError> {
     Settings::load(&Sources {
-        config_path: Some(PathBuf::from("config/default.toml")),
+        config_path: Some(path),
         env: env
             .iter()
             .map(|(k, v)| (k.to_string(), v.to_string()))

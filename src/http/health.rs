@@ -30,6 +30,21 @@ pub struct Ready {
     database: &'static str,
     model: ModelInfo,
     payments: PaymentInfo,
+    /// Every model endpoint, the primary first, with its circuit breaker's state. An
+    /// open breaker does not make the instance unready: restarting it would not bring
+    /// the endpoint back.
+    endpoints: Vec<EndpointReady>,
+}
+
+#[derive(Serialize, ToSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct EndpointReady {
+    /// `model@base_url`.
+    #[schema(example = "gpt-4o-mini@https://api.openai.com/v1")]
+    endpoint: String,
+    /// `closed`, `open` or `half_open`.
+    #[schema(example = "closed")]
+    breaker: &'static str,
 }
 
 /// Who moves the money.
@@ -110,6 +125,15 @@ pub async fn ready(State(app): State<AppState>) -> Response {
             database: app.db().kind(),
             model: app.model_info().clone(),
             payments: PaymentInfo::of(&app.settings().payments),
+            endpoints: app
+                .model_info()
+                .breakers
+                .iter()
+                .map(|b| EndpointReady {
+                    endpoint: b.endpoint().to_owned(),
+                    breaker: b.state().as_str(),
+                })
+                .collect(),
         })
         .into_response(),
         Err(err) => not_ready(app.db().kind(), err).into_response(),

@@ -104,4 +104,8 @@ pub struct ModelInfo {
     /// Said plainly when the scripted model is in use.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub warning: Option<&'static str>,
+    /// Every endpoint's breaker, the primary first: `/health/ready` shows their states.
+    #[serde(skip)]
+    #[schema(ignore)]
+    pub breakers: Vec<crate::model::Breaker>,
 }

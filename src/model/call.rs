@@ -15,6 +15,9 @@ pub struct ModelCall {
     pub attempt: u32,
     /// The checkout's count of requests sent, shared by the retries' clones.
     pub sent: Arc<AtomicU32>,
+    /// Another endpoint is next in line: a transient failure goes to it rather than
+    /// being repeated here.
+    pub failover: bool,
 }
 
 impl ModelCall {

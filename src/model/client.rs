@@ -12,6 +12,7 @@ use reqwest::header::{CONTENT_TYPE, HeaderMap, RETRY_AFTER};
 use tower::util::BoxCloneSyncService;
 use tower::{BoxError, Service, ServiceBuilder, ServiceExt};
 
+use super::breaker::{Breaker, BreakerLayer, BreakerSettings};
 use super::call::ModelCall;
 use super::error::{ModelError, ModelErrorKind};
 use super::observe::ObserveLayer;
@@ -34,17 +35,28 @@ pub struct ModelEndpoint {
     pub h2c: bool,
 }
 
+impl ModelEndpoint {
+    /// How the log, the metrics, `/health/ready` and the journal name the endpoint.
+    pub fn label(&self) -> String {
+        format!("{}@{}", self.model, self.base_url)
+    }
+}
+
 #[derive(Clone)]
 pub struct ModelClient {
     stack: BoxCloneSyncService<ModelCall, ChatResponse, BoxError>,
     model: Arc<str>,
+    breaker: Breaker,
     metrics: Metrics,
 }
 
 impl ModelClient {
+    /// `position`: 1 for the primary, 2 for the first fallback, …
     pub fn new(
         endpoint: &ModelEndpoint,
+        position: usize,
         retry: &RequestRetrySettings,
+        breaker: BreakerSettings,
         metrics: &Metrics,
     ) -> Result<Self, BoxError> {
         // One TLS provider for the process: ring, which sqlx's rustls already brings.
@@ -70,20 +82,29 @@ impl ModelClient {
             provider: genai::PROVIDER,
             model: endpoint.model.clone(),
         };
+        let label = format!("{}#{position}", endpoint.model);
+        let breaker = Breaker::new(endpoint.label(), label, breaker, metrics);
         let stack = ServiceBuilder::new()
             .retry(RequestRetry::new(retry, metrics))
+            .layer(BreakerLayer(breaker.clone()))
             .layer(ObserveLayer::new(metrics.clone(), target))
             .timeout(retry.timeout)
             .service(transport);
         Ok(ModelClient {
             stack: BoxCloneSyncService::new(stack),
             model: endpoint.model.as_str().into(),
+            breaker,
             metrics: metrics.clone(),
         })
     }
 
     pub fn model(&self) -> &str {
         &self.model
+    }
+
+    /// The endpoint's circuit breaker, which also names it ([`ModelEndpoint::label`]).
+    pub fn breaker(&self) -> &Breaker {
+        &self.breaker
     }
 
     /// The metrics this client records into, for the loop it serves.
@@ -93,11 +114,14 @@ impl ModelClient {
 
     /// Sends one round of the conversation and returns the model's message, with the
     /// tokens the provider counted. Each request sent (retries too) adds one to `sent`.
+    /// With `failover`, a transient failure is not repeated here: the next endpoint is
+    /// asked.
     pub async fn complete(
         &self,
         request: &ChatRequest,
         round: u32,
         sent: Arc<AtomicU32>,
+        failover: bool,
     ) -> Result<Completion, ModelError> {
         let call = ModelCall {
             // Copied to its exact size: the body is kept for the retries while the model
@@ -109,6 +133,7 @@ impl ModelClient {
             round,
             attempt: 1,
             sent,
+            failover,
         };
         let response = self.stack.clone().oneshot(call).await.map_err(|err| {
             match err.downcast::<ModelError>() {

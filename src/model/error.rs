@@ -25,6 +25,9 @@ pub enum ModelErrorKind {
     },
     #[error("the model provider's answer is not a chat completion: {0}")]
     Malformed(String),
+    /// Not sent: the endpoint's circuit breaker is open.
+    #[error("the model endpoint's circuit breaker is open: no request was sent to it")]
+    CircuitOpen,
 }
 
 impl ModelErrorKind {
@@ -40,7 +43,7 @@ impl ModelErrorKind {
                 429 => code.as_deref() != Some("insufficient_quota"),
                 _ => false,
             },
-            ModelErrorKind::Malformed(_) => false,
+            ModelErrorKind::Malformed(_) | ModelErrorKind::CircuitOpen => false,
         }
     }
 
@@ -81,6 +84,7 @@ impl ModelErrorKind {
                 _ => "http_other",
             },
             ModelErrorKind::Malformed(_) => "malformed",
+            ModelErrorKind::CircuitOpen => "circuit_open",
         }
     }
 
@@ -88,6 +92,22 @@ impl ModelErrorKind {
         match self {
             ModelErrorKind::Status { retry_after, .. } => *retry_after,
             _ => None,
+        }
+    }
+}
+
+impl ModelError {
+    /// Whether the next endpoint may answer this turn: this one failed transiently (its
+    /// request retry gave up, or left it to the next), its breaker is open, or the
+    /// conversation is too long for it (the next may have the room). Never a refusal
+    /// that is ours (a bad key, a bad request, a content policy).
+    pub fn fails_over(&self) -> bool {
+        match &self.kind {
+            ModelErrorKind::CircuitOpen => true,
+            ModelErrorKind::Status {
+                status: 400, code, ..
+            } => code.as_deref() == Some("context_length_exceeded"),
+            kind => kind.is_retryable() && self.stop.is_some_and(|s| s != Stop::NotRetryable),
         }
     }
 }

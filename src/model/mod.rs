@@ -1,7 +1,9 @@
 //! The model: OpenAI-compatible wire types, the client with its request retry, and the
 //! scripted model that stands in for a provider.
 
+pub mod breaker;
 pub mod call;
+pub mod chain;
 pub mod client;
 pub mod error;
 pub mod observe;
@@ -9,7 +11,9 @@ pub mod retry;
 pub mod scripted;
 pub mod wire;
 
+pub use breaker::{Breaker, BreakerSettings, BreakerState};
 pub use call::ModelCall;
+pub use chain::ModelChain;
 pub use client::{Completion, ModelClient, ModelEndpoint};
 pub use error::{ModelError, ModelErrorKind, Stop};
 pub use retry::{RequestRetry, RequestRetrySettings};

@@ -61,9 +61,12 @@ impl RequestRetry {
         }
     }
 
-    fn decide(&mut self, kind: &ModelErrorKind) -> Result<Duration, Stop> {
+    fn decide(&mut self, kind: &ModelErrorKind, failover: bool) -> Result<Duration, Stop> {
         if !kind.is_retryable() {
             return Err(Stop::NotRetryable);
+        }
+        if failover {
+            return Err(Stop::FailOver);
         }
         if self.attempts > self.max_retries {
             return Err(Stop::RetriesSpent);
@@ -95,7 +98,7 @@ impl Policy<ModelCall, ChatResponse, BoxError> for RequestRetry {
         }
         let err = result.as_mut().err()?;
         let model_err = ModelError::adopt(err, self.timeout, self.attempts);
-        match self.decide(&model_err.kind) {
+        match self.decide(&model_err.kind, call.failover) {
             Ok(retry_after) => {
                 self.metrics
                     .retry(RetryLayer::Request, model_err.kind.reason());

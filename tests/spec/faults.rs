@@ -29,6 +29,8 @@ struct Expect {
     attempts: u64,
     /// Steps taken from the journal (`usage.replayedSteps` of a 200).
     replayed: u64,
+    /// A 200 whose sentence the service wrote: the order is paid and the model failed.
+    service: bool,
 }
 
 impl Expect {
@@ -41,6 +43,16 @@ impl Expect {
             requests: 3,
             attempts: 1,
             replayed: 0,
+            service: false,
+        }
+    }
+
+    /// A paid order whose model failed after the charge: 200 with the receipt and the
+    /// service's sentence (`messageSource: service`), never an error.
+    const fn paid() -> Expect {
+        Expect {
+            service: true,
+            ..Expect::ok()
         }
     }
 
@@ -53,6 +65,7 @@ impl Expect {
             requests: 1,
             attempts: 1,
             replayed: 0,
+            service: false,
         }
     }
 
@@ -159,6 +172,8 @@ async fn row_with(backend: Backend, fault: &str, cells: [[Expect; 3]; 3], provid
                         body["charged"], true,
                         "{cell}: this operation made the charge"
                     );
+                    let source = if expect.service { "service" } else { "model" };
+                    assert_eq!(body["messageSource"], source, "{cell}: {body}");
                     let usage = &body["usage"];
                     assert_eq!(usage["replayedSteps"], expect.replayed, "{cell}: {body}");
                     assert_eq!(usage["modelRequests"], expect.requests, "{cell}: {body}");
@@ -270,12 +285,17 @@ matrix_row!(
     ]
 );
 
-// A refusal by the provider is repeated by neither retry: one request, whatever the round.
+// A refusal by the provider is repeated by neither retry: one request, whatever the round;
+// after the charge, the paid order is confirmed by the service (docs/outage.md). (A
+// transient failure without the loop retry, above, stays an error: the client's retry
+// with the key is the retry, and resumes.)
 const fn refused(round: u64) -> [Expect; 3] {
-    let cell = MODEL_ERROR
-        .receipts(if round == 1 { 0 } else { 1 })
-        .requests(round);
-    [cell; 3]
+    let cell = if round == 1 {
+        MODEL_ERROR.receipts(0)
+    } else {
+        Expect::paid()
+    };
+    [cell.requests(round); 3]
 }
 matrix_row!(status_401, "401", [refused(1), refused(2), refused(3)]);
 matrix_row!(

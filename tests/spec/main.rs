@@ -15,6 +15,7 @@ mod idempotency;
 mod journal;
 mod metrics;
 mod model_behaviour;
+mod outage;
 mod overload;
 mod process;
 mod provider;

@@ -16,6 +16,7 @@ use crate::http::receipts::ReceiptView;
 use crate::http::state::AppState;
 use crate::outbox::Confirmation;
 use crate::payments::ChargeError;
+use crate::retry::Stop;
 
 /// A confirmed checkout.
 #[derive(Serialize, ToSchema)]
@@ -27,8 +28,12 @@ pub struct CheckoutResponse {
     pub amount: String,
     #[schema(example = "USD")]
     pub currency: String,
-    /// The assistant's one-sentence confirmation.
+    /// The one-sentence confirmation.
     pub message: String,
+    /// Who wrote `message`: `model`, or `service` when the order is charged and no model
+    /// endpoint could write it (the service writes it from the receipt).
+    #[schema(example = "model")]
+    pub message_source: &'static str,
     pub receipt: ReceiptView,
     /// True when this operation made the charge; false when the order had been charged
     /// by an earlier operation and its receipt is returned instead.
@@ -63,6 +68,10 @@ pub struct UsageView {
     /// Output (completion) tokens, as the provider reported them.
     #[schema(example = 57)]
     pub output_tokens: u64,
+    /// The models that answered (a fallback's too; replayed answers count), in order of
+    /// first use.
+    #[schema(example = json!(["gpt-4o-mini"]))]
+    pub models: Vec<String>,
 }
 
 impl From<Usage> for UsageView {
@@ -72,6 +81,7 @@ impl From<Usage> for UsageView {
             replayed_steps: usage.replayed_steps,
             input_tokens: usage.input_tokens,
             output_tokens: usage.output_tokens,
+            models: Vec::new(),
         }
     }
 }
@@ -92,6 +102,8 @@ pub(super) fn success(
         replayed_steps = usage.replayed_steps,
         input_tokens = usage.input_tokens,
         output_tokens = usage.output_tokens,
+        message_source = outcome.message_source.as_str(),
+        models = ?ctx.models(),
         "checkout confirmed"
     );
     match format {
@@ -105,16 +117,52 @@ pub(super) fn success(
                 amount: amount.decimal(),
                 currency: amount.currency().code().to_owned(),
                 message: outcome.message,
+                message_source: outcome.message_source.as_str(),
                 receipt: ReceiptView::from(&outcome.receipt),
                 charged: outcome.charged,
                 attempts: outcome.attempts,
                 operation_key: ctx.operation_key().to_string(),
-                usage: UsageView::from(usage),
+                usage: UsageView {
+                    models: ctx.models(),
+                    ..UsageView::from(usage)
+                },
                 confirmation,
             };
             HttpAnswer::json(StatusCode::OK, &body)
         }
     }
+}
+
+/// A paid order is never an error: a checkout whose order its attempts saw charged, and
+/// that then ran out of time or of model endpoints for the confirmation sentence once
+/// the loop retry had its say, is confirmed with a sentence the service writes from the
+/// receipt.
+pub(super) fn paid_anyway(
+    ctx: &CheckoutContext,
+    err: CheckoutError,
+) -> Result<CheckoutOutcome, CheckoutError> {
+    let ChargeStatus::Charged(receipt) = ctx.charge_status() else {
+        return Err(err);
+    };
+    // With the loop retry off, a transient failure stays an error that leaves the key
+    // usable: the client's retry is the retry, and resumes from the journal to get the
+    // model's own sentence.
+    if !matches!(err.kind, FailureKind::Timeout(_) | FailureKind::Model(_))
+        || err.stop == Some(Stop::Off)
+    {
+        return Err(err);
+    }
+    tracing::warn!(
+        order = %receipt.order_id,
+        receipt = %receipt.id,
+        error = %err,
+        "the order is charged but no model wrote its confirmation in time; the service writes it from the receipt"
+    );
+    Ok(CheckoutOutcome::written_by_service(
+        ctx,
+        receipt,
+        err.attempts,
+    ))
 }
 
 /// The one place that says which error code a failed checkout is answered with.

@@ -179,6 +179,9 @@ pub fn test_settings(db: &TestDb, model: &ScriptedModel) -> Settings {
     s.assistant.retry.backoff_max = Duration::from_millis(20);
     s.server.timeout = Duration::from_millis(20_000);
     s.idempotency.lease = Duration::from_millis(1_000);
+    // The model breaker's window beyond any one test's requests: these specs count the
+    // other layers' requests exactly; tests/spec/outage.rs sets its own breaker.
+    s.model.breaker.window = 10_000;
     // No API keys: these tests are about checkouts, and with `auto` an open service asks
     // the database every second whether a key exists, a statement on the pool that
     // tests counting connections and statements would meet (tests/auth.rs sets its own).

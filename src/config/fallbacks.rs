@@ -1,0 +1,166 @@
+//! The model endpoints after the primary: one by environment (`OPENAI_FALLBACK_*`), then
+//! any listed in the config file, in order, as `model_fallbacks`:
+//!
+//! ```toml
+//! model_fallbacks = [
+//!   { base_url = "http://10.0.0.7:8000/v1", model = "qwen2.5-7b-instruct" },
+//!   { base_url = "https://api.example.com/v1", model = "m", api_key = "sk-..." },
+//! ]
+//! ```
+
+use super::load::SettingError;
+use super::{ConfigError, Settings};
+use crate::model::ModelEndpoint;
+use crate::secret::Secret;
+
+/// The file key; it has no environment variable (`OPENAI_FALLBACK_*` is the one by
+/// environment).
+pub const FILE_KEY: &str = "model_fallbacks";
+
+impl Settings {
+    /// The fallbacks, in the order they are asked. Each speaks HTTP/1.1 or negotiates
+    /// HTTP/2 by ALPN: `CHECKOUT_MODEL_H2C` is the primary's.
+    pub fn fallback_endpoints(&self) -> Vec<ModelEndpoint> {
+        let model = &self.model;
+        let by_env = model
+            .fallback_base_url
+            .as_ref()
+            .map(|base_url| ModelEndpoint {
+                base_url: base_url.clone(),
+                api_key: model.fallback_api_key.clone(),
+                model: model
+                    .fallback_model
+                    .clone()
+                    .unwrap_or_else(|| model.name.clone()),
+                h2c: false,
+            });
+        by_env
+            .into_iter()
+            .chain(model.file_fallbacks.iter().cloned())
+            .collect()
+    }
+
+    /// A fallback's model or key without its base URL is a mistake, not a default.
+    pub(super) fn check_fallbacks(&self) -> Result<(), ConfigError> {
+        let model = &self.model;
+        if model.fallback_base_url.is_none()
+            && (model.fallback_model.is_some() || model.fallback_api_key.is_some())
+        {
+            return Err(ConfigError::Combination(
+                "OPENAI_FALLBACK_MODEL and OPENAI_FALLBACK_API_KEY name a fallback endpoint, but OPENAI_FALLBACK_BASE_URL is not set".into(),
+            ));
+        }
+        Ok(())
+    }
+
+    pub(super) fn apply_fallbacks(&mut self, value: toml::Value) -> Result<(), ConfigError> {
+        let invalid = |message: String| SettingError {
+            env: "(config file only)",
+            key: FILE_KEY,
+            message,
+        };
+        let toml::Value::Array(items) = value else {
+            return Err(invalid(format!("expected a list of endpoints, got {value}")).into());
+        };
+        let mut endpoints = Vec::new();
+        for item in items {
+            let text = |field: &str| item.get(field).and_then(toml::Value::as_str);
+            let known = ["base_url", "model", "api_key"];
+            let unknown = item
+                .as_table()
+                .and_then(|t| t.keys().find(|k| !known.contains(&k.as_str())).cloned());
+            let (Some(base_url), Some(model), None) = (text("base_url"), text("model"), unknown)
+            else {
+                return Err(invalid(format!(
+                    "each endpoint is {{ base_url = \"http(s)://...\", model = \"...\" }} with an optional api_key, got {item}"
+                ))
+                .into());
+            };
+            if !(base_url.starts_with("http://") || base_url.starts_with("https://")) {
+                return Err(
+                    invalid(format!("{base_url:?} is not an http:// or https:// URL")).into(),
+                );
+            }
+            endpoints.push(ModelEndpoint {
+                base_url: base_url.trim_end_matches('/').to_owned(),
+                api_key: text("api_key").map(Secret::new),
+                model: model.to_owned(),
+                h2c: false,
+            });
+        }
+        self.model.file_fallbacks = endpoints;
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::time::Duration;
+
+    use super::super::tests::load_from;
+    use super::*;
+
+    /// The settings from a config file of `file` and the environment `env`.
+    fn load(file: &str, env: &[(&str, &str)]) -> Result<Settings, ConfigError> {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("checkout.toml");
+        std::fs::write(&path, file).unwrap();
+        load_from(path, env)
+    }
+
+    #[test]
+    fn the_env_fallback_comes_first_then_the_files_in_order() {
+        let file = r#"
+            openai_model = "main"
+            model_fallbacks = [
+              { base_url = "http://b:1/v1/", model = "b" },
+              { base_url = "https://c/v1", model = "c", api_key = "sk-c" },
+            ]
+            breaker_window = 10
+        "#;
+        let env = [
+            ("OPENAI_FALLBACK_BASE_URL", "http://a:1/v1"),
+            ("CHECKOUT_BREAKER_OPEN_MS", "250"),
+        ];
+        let s = load(file, &env).unwrap();
+        let endpoints = s.fallback_endpoints();
+        let shown: Vec<String> = endpoints.iter().map(ModelEndpoint::label).collect();
+        assert_eq!(
+            shown,
+            ["main@http://a:1/v1", "b@http://b:1/v1", "c@https://c/v1"]
+        );
+        assert!(
+            endpoints[0].api_key.is_none(),
+            "the primary's key is not sent elsewhere"
+        );
+        assert_eq!(endpoints[2].api_key.as_ref().unwrap().expose(), "sk-c");
+        assert_eq!(s.model.breaker.window, 10);
+        assert_eq!(s.model.breaker.failure_percent, 50);
+        assert_eq!(s.model.breaker.open, Duration::from_millis(250));
+    }
+
+    #[test]
+    fn a_fallback_without_its_url_or_with_an_unknown_field_is_refused() {
+        let err = load("", &[("OPENAI_FALLBACK_MODEL", "m")]).unwrap_err();
+        assert!(
+            err.to_string()
+                .contains("OPENAI_FALLBACK_BASE_URL is not set"),
+            "{err}"
+        );
+        let err = load(
+            r#"model_fallbacks = [{ base_url = "http://b", model = "b", key = "k" }]"#,
+            &[],
+        )
+        .unwrap_err();
+        assert!(err.to_string().contains("model_fallbacks"), "{err}");
+        let err = load(
+            r#"model_fallbacks = [{ base_url = "b", model = "b" }]"#,
+            &[],
+        )
+        .unwrap_err();
+        assert!(
+            err.to_string().contains("not an http:// or https:// URL"),
+            "{err}"
+        );
+    }
+}
