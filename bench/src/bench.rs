@@ -29,6 +29,7 @@ use crate::svg;
 mod counts;
 mod cpu;
 mod loops;
+mod overload;
 mod retry;
 mod saving;
 mod startup;
@@ -63,6 +64,11 @@ struct Plan {
     sweep_instant_ms: u64,
     sweep_slow: Vec<usize>,
     sweep_slow_window_ms: u64,
+    /// Figure 8: the service's `CHECKOUT_MAX_IN_FLIGHT`; twice as many checkouts are
+    /// offered at once.
+    overload_limit: usize,
+    overload_runs: usize,
+    overload_window_ms: u64,
     /// Extra environment for every service process (`--service-env NAME=VALUE`).
     service_env: Vec<(String, String)>,
 }
@@ -90,6 +96,9 @@ impl Plan {
                 sweep_instant_ms: 300,
                 sweep_slow: vec![],
                 sweep_slow_window_ms: 0,
+                overload_limit: 1_000,
+                overload_runs: 1,
+                overload_window_ms: 4000,
                 service_env: vec![],
             }
         } else {
@@ -113,6 +122,9 @@ impl Plan {
                 sweep_instant_ms: 1500,
                 sweep_slow: vec![1, 10, 100, 1000],
                 sweep_slow_window_ms: 4000,
+                overload_limit: 5_000,
+                overload_runs: 3,
+                overload_window_ms: 8000,
                 service_env: vec![],
             }
         }
@@ -155,8 +167,9 @@ struct Bench {
 }
 
 const USAGE: &str = "\
-usage: checkout-bench [--quick] [--only cpu,loops,retry,saving,startup,sweep,counts] [--db sqlite,postgres]
-                      [--runs N] [--concurrency N] [--http1] [--out DIR] [--work DIR]
+usage: checkout-bench [--quick] [--only cpu,loops,retry,saving,startup,sweep,counts,overload]
+                      [--db sqlite,postgres] [--runs N] [--concurrency N] [--overload-limit N]
+                      [--http1] [--out DIR] [--work DIR]
                       [--service-bin PATH] [--no-build] [--postgres postgres://postgres@127.0.0.1:5432]
                       [--service-env NAME=VALUE]...
        checkout-bench load --url URL (--duration-ms N | --requests N) [--concurrency N] ...
@@ -166,7 +179,9 @@ Starts the service (--service-bin, else the `checkout` binary beside this one; b
 first when run through cargo), the scripted model and the load generator as separate processes on loopback, and
 measures: 1 CPU per checkout against its floor, 2 loops in flight (10,000 concurrent
 checkouts, a 2 s model), 3 retry amplification (20 % of model requests 503), 4 start-up,
-7 instructions and heap allocations per checkout (under valgrind: callgrind, dhat).
+7 instructions and heap allocations per checkout (under valgrind: callgrind, dhat),
+8 overload (twice --overload-limit checkouts offered at once: 1,000 with --quick, else
+5,000; the admitted ones served, the rest refused with 503 overloaded at once).
 --quick takes under a minute; the full run under ten. Writes DIR/results.json,
 DIR/results.md and DIR/latency.svg (DIR/*-quick.* with --quick); DIR is --out, else
 bench/ when run by `cargo run -p checkout-bench`, else the current directory. Logs and
@@ -182,7 +197,7 @@ pub fn main(args: &mut Args) -> Result<(), String> {
     let mut plan = Plan::new(quick);
     let only: Vec<String> = args
         .value("--only")?
-        .unwrap_or_else(|| "startup,cpu,retry,saving,loops,sweep,counts".into())
+        .unwrap_or_else(|| "startup,cpu,retry,saving,loops,sweep,counts,overload".into())
         .split(',')
         .map(str::to_owned)
         .collect();
@@ -194,9 +209,13 @@ pub fn main(args: &mut Args) -> Result<(), String> {
         plan.loops_runs = runs;
         plan.retry_runs = runs;
         plan.startup_runs = runs;
+        plan.overload_runs = runs;
     }
     if let Some(c) = args.number::<usize>("--concurrency")? {
         plan.loops_concurrency = c;
+    }
+    if let Some(n) = args.number::<usize>("--overload-limit")? {
+        plan.overload_limit = n.max(1);
     }
     plan.loops_http2 = !args.flag("--http1");
     for pair in args.values("--service-env")? {
@@ -237,7 +256,7 @@ pub fn main(args: &mut Args) -> Result<(), String> {
         procfs::open_files_limit("self")
     ));
     for figure in [
-        "startup", "cpu", "retry", "saving", "loops", "sweep", "counts",
+        "startup", "cpu", "retry", "saving", "loops", "sweep", "counts", "overload",
     ] {
         if !only.iter().any(|o| o == figure) {
             continue;
@@ -250,6 +269,7 @@ pub fn main(args: &mut Args) -> Result<(), String> {
                 "saving" => bench.saving(db),
                 "loops" => bench.loops(db),
                 "counts" => bench.counts(db),
+                "overload" => bench.overload(db),
                 _ => bench.sweep(db),
             };
             if let Err(err) = result {
@@ -502,6 +522,28 @@ fn model_requests(model: &Running) -> Result<u64, String> {
     stats["requests"]
         .as_u64()
         .ok_or_else(|| format!("no requests in {body}"))
+}
+
+/// The value of an unlabelled gauge in the service's `/metrics`.
+fn gauge(service: &Running, name: &str) -> Result<f64, String> {
+    let (status, body) = http_get(&addr_of(&service.url), "/metrics").map_err(|e| e.to_string())?;
+    if status != 200 {
+        return Err(format!("/metrics answered {status}"));
+    }
+    metric_value(&body, name).ok_or_else(|| format!("no {name} in /metrics"))
+}
+
+/// The value of the series `name` (with its labels, if any) in a Prometheus scrape.
+fn metric_value(scrape: &str, name: &str) -> Option<f64> {
+    scrape
+        .lines()
+        .find_map(|l| l.strip_prefix(name)?.strip_prefix(' ')?.trim().parse().ok())
+}
+
+/// The bound on loops the service sized at start-up (`checkout_loops_in_flight_limit`):
+/// `CHECKOUT_MAX_IN_FLIGHT`, or less when the descriptor limit carries fewer loops.
+fn loops_limit(service: &Running) -> Result<u64, String> {
+    gauge(service, "checkout_loops_in_flight_limit").map(|v| v as u64)
 }
 
 /// What the sampler saw of the service while it ran.

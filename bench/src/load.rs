@@ -40,6 +40,9 @@ pub struct LoadArgs {
     /// per request here.
     pub records: Option<PathBuf>,
     pub timeout_ms: u64,
+    /// A worker answered 503 or 429 with `Retry-After` waits that long before its next
+    /// request (as a well-behaved client does), within the run's duration.
+    pub honor_retry_after: bool,
 }
 
 impl LoadArgs {
@@ -56,6 +59,7 @@ impl LoadArgs {
             http2: false,
             records: None,
             timeout_ms: 120_000,
+            honor_retry_after: false,
         }
     }
 
@@ -76,6 +80,7 @@ impl LoadArgs {
         load.http2 = args.flag("--http2");
         load.records = args.value("--records")?.map(PathBuf::from);
         load.timeout_ms = args.number("--timeout-ms")?.unwrap_or(120_000);
+        load.honor_retry_after = args.flag("--honor-retry-after");
         if load.duration_ms.is_none() == load.requests.is_none() {
             return Err("load: give exactly one of --duration-ms and --requests".into());
         }
@@ -109,6 +114,9 @@ impl LoadArgs {
         }
         if self.http2 {
             out.push("--http2".into());
+        }
+        if self.honor_retry_after {
+            out.push("--honor-retry-after".into());
         }
         if let Some(path) = &self.records {
             out.extend(["--records".into(), path.display().to_string()]);
@@ -158,6 +166,18 @@ pub struct LoadReport {
     pub ok: u64,
     /// Answers by status; `error` for a request that got no answer.
     pub statuses: BTreeMap<String, u64>,
+    /// Answers by status and the `code` of a problem body: `200`, `503 overloaded`,
+    /// `503 unavailable`, `502 model_unavailable`...; a non-200 answer without a code is
+    /// its status alone; `error` for no answer.
+    #[serde(default)]
+    pub answers: BTreeMap<String, u64>,
+    /// Latency of the requests that ended within the window, by answer (the keys of
+    /// `answers`): admitted checkouts (`200`) apart from refused ones (`503 overloaded`).
+    #[serde(default)]
+    pub window_latency_by_answer: BTreeMap<String, Percentiles>,
+    /// Requests that waited a `Retry-After` before their next (`--honor-retry-after`).
+    #[serde(default)]
+    pub retry_after_waits: u64,
     /// The first few distinct failures, for the log.
     pub errors: Vec<String>,
     pub wall_ms: f64,
@@ -176,6 +196,19 @@ struct Sample {
     start_us: u64,
     end_us: u64,
     status: u16,
+    /// The problem body's `code`, for an answer other than 200 that has one.
+    code: Option<String>,
+}
+
+impl Sample {
+    /// The key of [`LoadReport::answers`].
+    fn answer(&self) -> String {
+        match (self.status, &self.code) {
+            (0, _) => "error".to_owned(),
+            (status, Some(code)) => format!("{status} {code}"),
+            (status, None) => status.to_string(),
+        }
+    }
 }
 
 pub fn main(args: &mut Args) -> Result<(), String> {
@@ -221,6 +254,7 @@ async fn run(load: LoadArgs) -> Result<LoadReport, String> {
         next: AtomicU64::new(0),
         in_flight: AtomicU64::new(0),
         max_in_flight: AtomicU64::new(0),
+        retry_after_waits: AtomicU64::new(0),
         errors: std::sync::Mutex::new(Vec::new()),
         records: std::sync::Mutex::new(Vec::new()),
     });
@@ -249,10 +283,14 @@ async fn run(load: LoadArgs) -> Result<LoadReport, String> {
         None => (0, wall.as_micros() as u64),
     };
     let mut statuses = BTreeMap::new();
+    let mut answers = BTreeMap::new();
+    let mut by_answer: BTreeMap<String, Vec<u64>> = BTreeMap::new();
     let mut all = Vec::with_capacity(samples.len());
     let mut in_window = Vec::new();
     let mut window_ok = 0;
     for s in &samples {
+        let answer = s.answer();
+        *answers.entry(answer.clone()).or_insert(0) += 1;
         let key = if s.status == 0 {
             "error".to_owned()
         } else {
@@ -263,6 +301,7 @@ async fn run(load: LoadArgs) -> Result<LoadReport, String> {
         all.push(latency);
         if s.end_us >= window_start && s.end_us <= window_end {
             in_window.push(latency);
+            by_answer.entry(answer).or_default().push(latency);
             if s.status == 200 {
                 window_ok += 1;
             }
@@ -277,6 +316,12 @@ async fn run(load: LoadArgs) -> Result<LoadReport, String> {
         sent: samples.len() as u64,
         ok: statuses.get("200").copied().unwrap_or(0),
         statuses,
+        answers,
+        window_latency_by_answer: by_answer
+            .into_iter()
+            .map(|(k, v)| (k, Percentiles::of(v)))
+            .collect(),
+        retry_after_waits: shared.retry_after_waits.load(Ordering::Relaxed),
         errors,
         wall_ms: wall.as_secs_f64() * 1000.0,
         window_ms: window_end.saturating_sub(window_start) as f64 / 1000.0,
@@ -292,6 +337,7 @@ struct Shared {
     next: AtomicU64,
     in_flight: AtomicU64,
     max_in_flight: AtomicU64,
+    retry_after_waits: AtomicU64,
     errors: std::sync::Mutex<Vec<String>>,
     records: std::sync::Mutex<Vec<String>>,
 }
@@ -345,8 +391,14 @@ async fn work(
         let answer = match client.post(&url).send().await {
             Ok(response) => {
                 let status = response.status().as_u16();
+                let retry_after = response
+                    .headers()
+                    .get(reqwest::header::RETRY_AFTER)
+                    .and_then(|v| v.to_str().ok())
+                    .and_then(|v| v.trim().parse::<u64>().ok())
+                    .filter(|_| matches!(status, 429 | 503));
                 match response.bytes().await {
-                    Ok(body) => Ok((status, body)),
+                    Ok(body) => Ok((status, retry_after, body)),
                     Err(err) => Err(format!("reading the answer: {err}")),
                 }
             }
@@ -354,9 +406,19 @@ async fn work(
         };
         let ended = Instant::now();
         shared.in_flight.fetch_sub(1, Ordering::Relaxed);
+        let mut wait = None;
+        let mut code = None;
         let status = match answer {
-            Ok((status, body)) => {
+            Ok((status, retry_after, body)) => {
                 if status != 200 {
+                    code = serde_json::from_slice::<serde_json::Value>(&body)
+                        .ok()
+                        .and_then(|v| v.get("code")?.as_str().map(str::to_owned));
+                    if load.honor_retry_after {
+                        wait = retry_after.map(Duration::from_secs);
+                    }
+                }
+                if status != 200 && code.as_deref() != Some("overloaded") {
                     let text = String::from_utf8_lossy(&body[..body.len().min(300)]).into_owned();
                     shared.error(format!("{status}: {text}"));
                 }
@@ -385,7 +447,14 @@ async fn work(
             start_us: (sent - start).as_micros() as u64,
             end_us: (ended - start).as_micros() as u64,
             status,
+            code,
         });
+        if let Some(wait) = wait {
+            shared.retry_after_waits.fetch_add(1, Ordering::Relaxed);
+            let until = Instant::now() + wait;
+            let until = deadline.map_or(until, |d| until.min(d));
+            tokio::time::sleep_until(until.into()).await;
+        }
     }
     samples
 }
