@@ -29,6 +29,7 @@ use crate::svg;
 mod counts;
 mod cpu;
 mod loops;
+mod outage;
 mod retry;
 mod saving;
 mod startup;
@@ -63,6 +64,14 @@ struct Plan {
     sweep_instant_ms: u64,
     sweep_slow: Vec<usize>,
     sweep_slow_window_ms: u64,
+    /// Figure 8: runs, closed-loop checkouts, the model's delay, and the primary's
+    /// phases: up, down, up again.
+    outage_runs: usize,
+    outage_concurrency: usize,
+    outage_model_delay_ms: u64,
+    outage_before_ms: u64,
+    outage_window_ms: u64,
+    outage_after_ms: u64,
     /// Extra environment for every service process (`--service-env NAME=VALUE`).
     service_env: Vec<(String, String)>,
 }
@@ -90,6 +99,12 @@ impl Plan {
                 sweep_instant_ms: 300,
                 sweep_slow: vec![],
                 sweep_slow_window_ms: 0,
+                outage_runs: 1,
+                outage_concurrency: 8,
+                outage_model_delay_ms: 50,
+                outage_before_ms: 2000,
+                outage_window_ms: 4000,
+                outage_after_ms: 4000,
                 service_env: vec![],
             }
         } else {
@@ -113,6 +128,12 @@ impl Plan {
                 sweep_instant_ms: 1500,
                 sweep_slow: vec![1, 10, 100, 1000],
                 sweep_slow_window_ms: 4000,
+                outage_runs: 3,
+                outage_concurrency: 8,
+                outage_model_delay_ms: 50,
+                outage_before_ms: 3000,
+                outage_window_ms: 6000,
+                outage_after_ms: 5000,
                 service_env: vec![],
             }
         }
@@ -155,7 +176,7 @@ struct Bench {
 }
 
 const USAGE: &str = "\
-usage: checkout-bench [--quick] [--only cpu,loops,retry,saving,startup,sweep,counts] [--db sqlite,postgres]
+usage: checkout-bench [--quick] [--only cpu,loops,retry,saving,startup,sweep,counts,outage] [--db sqlite,postgres]
                       [--runs N] [--concurrency N] [--http1] [--out DIR] [--work DIR]
                       [--service-bin PATH] [--no-build] [--postgres postgres://postgres@127.0.0.1:5432]
                       [--service-env NAME=VALUE]...
@@ -166,7 +187,8 @@ Starts the service (--service-bin, else the `checkout` binary beside this one; b
 first when run through cargo), the scripted model and the load generator as separate processes on loopback, and
 measures: 1 CPU per checkout against its floor, 2 loops in flight (10,000 concurrent
 checkouts, a 2 s model), 3 retry amplification (20 % of model requests 503), 4 start-up,
-7 instructions and heap allocations per checkout (under valgrind: callgrind, dhat).
+7 instructions and heap allocations per checkout (under valgrind: callgrind, dhat),
+8 an outage of the primary model endpoint with a healthy fallback (DIR/outage-DB.svg).
 --quick takes under a minute; the full run under ten. Writes DIR/results.json,
 DIR/results.md and DIR/latency.svg (DIR/*-quick.* with --quick); DIR is --out, else
 bench/ when run by `cargo run -p checkout-bench`, else the current directory. Logs and
@@ -182,7 +204,7 @@ pub fn main(args: &mut Args) -> Result<(), String> {
     let mut plan = Plan::new(quick);
     let only: Vec<String> = args
         .value("--only")?
-        .unwrap_or_else(|| "startup,cpu,retry,saving,loops,sweep,counts".into())
+        .unwrap_or_else(|| "startup,cpu,retry,saving,loops,sweep,counts,outage".into())
         .split(',')
         .map(str::to_owned)
         .collect();
@@ -194,6 +216,7 @@ pub fn main(args: &mut Args) -> Result<(), String> {
         plan.loops_runs = runs;
         plan.retry_runs = runs;
         plan.startup_runs = runs;
+        plan.outage_runs = runs;
     }
     if let Some(c) = args.number::<usize>("--concurrency")? {
         plan.loops_concurrency = c;
@@ -237,7 +260,7 @@ pub fn main(args: &mut Args) -> Result<(), String> {
         procfs::open_files_limit("self")
     ));
     for figure in [
-        "startup", "cpu", "retry", "saving", "loops", "sweep", "counts",
+        "startup", "cpu", "retry", "saving", "loops", "sweep", "counts", "outage",
     ] {
         if !only.iter().any(|o| o == figure) {
             continue;
@@ -250,6 +273,7 @@ pub fn main(args: &mut Args) -> Result<(), String> {
                 "saving" => bench.saving(db),
                 "loops" => bench.loops(db),
                 "counts" => bench.counts(db),
+                "outage" => bench.outage(db),
                 _ => bench.sweep(db),
             };
             if let Err(err) = result {
