@@ -35,7 +35,8 @@ mod saving;
 mod startup;
 mod sweep;
 
-const DB_NAME: &str = "checkout_bench";
+/// The Postgres database the benchmark makes afresh, unless `--pg-db` names another.
+pub(crate) const DB_NAME: &str = "checkout_bench";
 
 /// How much of everything to do.
 #[derive(Clone, Debug, Serialize)]
@@ -161,6 +162,8 @@ pub(crate) struct Db {
     sqlite_path: Option<PathBuf>,
     /// Postgres: a connection for the benchmark's own queries (not to the bench database).
     admin_url: Option<String>,
+    /// Postgres: the bench database's name.
+    pg_name: String,
 }
 
 struct Bench {
@@ -179,6 +182,7 @@ const USAGE: &str = "\
 usage: checkout-bench [--quick] [--only cpu,loops,retry,saving,startup,sweep,counts,outage] [--db sqlite,postgres]
                       [--runs N] [--concurrency N] [--http1] [--out DIR] [--work DIR]
                       [--service-bin PATH] [--no-build] [--postgres postgres://postgres@127.0.0.1:5432]
+                      [--pg-db NAME]
                       [--service-env NAME=VALUE]...
        checkout-bench load --url URL (--duration-ms N | --requests N) [--concurrency N] ...
        checkout-bench floor-axum | floor-reqwest --model URL | floor-sql --database URL
@@ -232,6 +236,16 @@ pub fn main(args: &mut Args) -> Result<(), String> {
     let pg_base = args
         .value("--postgres")?
         .unwrap_or_else(|| "postgres://postgres@127.0.0.1:5432".into());
+    let pg_db = args.value("--pg-db")?.unwrap_or_else(|| DB_NAME.into());
+    if pg_db.is_empty()
+        || !pg_db
+            .chars()
+            .all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || c == '_')
+    {
+        return Err(format!(
+            "--pg-db {pg_db:?}: lower-case letters, digits and _ only"
+        ));
+    }
     args.done()?;
 
     let env = environment(places)?;
@@ -240,7 +254,7 @@ pub fn main(args: &mut Args) -> Result<(), String> {
     for name in db_names.split(',') {
         dbs.push(match name {
             "sqlite" => sqlite_db(&env, &rt)?,
-            "postgres" => postgres_db(&rt, &pg_base)?,
+            "postgres" => postgres_db(&rt, &pg_base, &pg_db)?,
             other => return Err(format!("--db: unknown database {other:?}")),
         });
     }
@@ -442,11 +456,16 @@ fn sqlite_db(env: &Env, rt: &tokio::runtime::Runtime) -> Result<Db, String> {
         floor_url: urls[1].clone(),
         sqlite_path: Some(service),
         admin_url: None,
+        pg_name: String::new(),
     })
 }
 
 /// A fresh `checkout_bench` database on the machine's Postgres, migrated.
-pub(crate) fn postgres_db(rt: &tokio::runtime::Runtime, base: &str) -> Result<Db, String> {
+pub(crate) fn postgres_db(
+    rt: &tokio::runtime::Runtime,
+    base: &str,
+    name: &str,
+) -> Result<Db, String> {
     // `postgres://HOST:PORT[?OPTIONS]`: the options (e.g. sslmode=disable) go on every URL.
     let (base, options) = match base.split_once('?') {
         Some((base, options)) => (base, format!("?{options}")),
@@ -454,16 +473,19 @@ pub(crate) fn postgres_db(rt: &tokio::runtime::Runtime, base: &str) -> Result<Db
     };
     let base = base.trim_end_matches('/');
     let admin = format!("{base}/postgres{options}");
-    let url = format!("{base}/{DB_NAME}{options}");
+    let url = format!("{base}/{name}{options}");
     rt.block_on(async {
         let mut conn = sqlx::PgConnection::connect(&admin)
             .await
             .map_err(|e| format!("cannot reach Postgres at {admin}: {e}"))?;
-        sqlx::query("DROP DATABASE IF EXISTS checkout_bench WITH (FORCE)")
-            .execute(&mut conn)
-            .await
-            .map_err(|e| e.to_string())?;
-        sqlx::query("CREATE DATABASE checkout_bench")
+        // `name` is checked: lower-case letters, digits and _.
+        sqlx::query(sqlx::AssertSqlSafe(format!(
+            "DROP DATABASE IF EXISTS {name} WITH (FORCE)"
+        )))
+        .execute(&mut conn)
+        .await
+        .map_err(|e| e.to_string())?;
+        sqlx::query(sqlx::AssertSqlSafe(format!("CREATE DATABASE {name}")))
             .execute(&mut conn)
             .await
             .map_err(|e| e.to_string())?;
@@ -480,6 +502,7 @@ pub(crate) fn postgres_db(rt: &tokio::runtime::Runtime, base: &str) -> Result<Db
         floor_url: url,
         sqlite_path: None,
         admin_url: Some(admin),
+        pg_name: name.to_owned(),
     })
 }
 
@@ -568,8 +591,9 @@ impl Sampler {
                     Some(conn) => rt
                         .block_on(
                             sqlx::query_scalar::<_, i64>(
-                                "SELECT count(*) FROM pg_stat_activity WHERE datname = 'checkout_bench' AND backend_type = 'client backend'",
+                                "SELECT count(*) FROM pg_stat_activity WHERE datname = $1 AND backend_type = 'client backend'",
                             )
+                            .bind(&db.pg_name)
                             .fetch_one(&mut *conn),
                         )
                         .unwrap_or(0) as u32,
