@@ -29,13 +29,15 @@ use crate::svg;
 mod counts;
 mod cpu;
 mod loops;
+mod outage;
 mod overload;
 mod retry;
 mod saving;
 mod startup;
 mod sweep;
 
-const DB_NAME: &str = "checkout_bench";
+/// The Postgres database the benchmark makes afresh, unless `--pg-db` names another.
+pub(crate) const DB_NAME: &str = "checkout_bench";
 
 /// How much of everything to do.
 #[derive(Clone, Debug, Serialize)]
@@ -69,6 +71,14 @@ struct Plan {
     overload_limit: usize,
     overload_runs: usize,
     overload_window_ms: u64,
+    /// Figure 9: runs, closed-loop checkouts, the model's delay, and the primary's
+    /// phases: up, down, up again.
+    outage_runs: usize,
+    outage_concurrency: usize,
+    outage_model_delay_ms: u64,
+    outage_before_ms: u64,
+    outage_window_ms: u64,
+    outage_after_ms: u64,
     /// Extra environment for every service process (`--service-env NAME=VALUE`).
     service_env: Vec<(String, String)>,
 }
@@ -99,6 +109,12 @@ impl Plan {
                 overload_limit: 1_000,
                 overload_runs: 1,
                 overload_window_ms: 4000,
+                outage_runs: 1,
+                outage_concurrency: 8,
+                outage_model_delay_ms: 50,
+                outage_before_ms: 2000,
+                outage_window_ms: 4000,
+                outage_after_ms: 4000,
                 service_env: vec![],
             }
         } else {
@@ -125,6 +141,12 @@ impl Plan {
                 overload_limit: 5_000,
                 overload_runs: 3,
                 overload_window_ms: 8000,
+                outage_runs: 3,
+                outage_concurrency: 8,
+                outage_model_delay_ms: 50,
+                outage_before_ms: 3000,
+                outage_window_ms: 6000,
+                outage_after_ms: 5000,
                 service_env: vec![],
             }
         }
@@ -152,6 +174,8 @@ pub(crate) struct Db {
     sqlite_path: Option<PathBuf>,
     /// Postgres: a connection for the benchmark's own queries (not to the bench database).
     admin_url: Option<String>,
+    /// Postgres: the bench database's name.
+    pg_name: String,
 }
 
 struct Bench {
@@ -167,10 +191,11 @@ struct Bench {
 }
 
 const USAGE: &str = "\
-usage: checkout-bench [--quick] [--only cpu,loops,retry,saving,startup,sweep,counts,overload]
+usage: checkout-bench [--quick] [--only cpu,loops,retry,saving,startup,sweep,counts,overload,outage]
                       [--db sqlite,postgres] [--runs N] [--concurrency N] [--overload-limit N]
                       [--http1] [--out DIR] [--work DIR]
                       [--service-bin PATH] [--no-build] [--postgres postgres://postgres@127.0.0.1:5432]
+                      [--pg-db NAME]
                       [--service-env NAME=VALUE]...
        checkout-bench load --url URL (--duration-ms N | --requests N) [--concurrency N] ...
        checkout-bench floor-axum | floor-reqwest --model URL | floor-sql --database URL
@@ -182,6 +207,7 @@ checkouts, a 2 s model), 3 retry amplification (20 % of model requests 503), 4 s
 7 instructions and heap allocations per checkout (under valgrind: callgrind, dhat),
 8 overload (twice --overload-limit checkouts offered at once: 1,000 with --quick, else
 5,000; the admitted ones served, the rest refused with 503 overloaded at once).
+9 an outage of the primary model endpoint with a healthy fallback (DIR/outage-DB.svg).
 --quick takes under a minute; the full run under ten. Writes DIR/results.json,
 DIR/results.md and DIR/latency.svg (DIR/*-quick.* with --quick); DIR is --out, else
 bench/ when run by `cargo run -p checkout-bench`, else the current directory. Logs and
@@ -197,7 +223,7 @@ pub fn main(args: &mut Args) -> Result<(), String> {
     let mut plan = Plan::new(quick);
     let only: Vec<String> = args
         .value("--only")?
-        .unwrap_or_else(|| "startup,cpu,retry,saving,loops,sweep,counts,overload".into())
+        .unwrap_or_else(|| "startup,cpu,retry,saving,loops,sweep,counts,overload,outage".into())
         .split(',')
         .map(str::to_owned)
         .collect();
@@ -210,6 +236,7 @@ pub fn main(args: &mut Args) -> Result<(), String> {
         plan.retry_runs = runs;
         plan.startup_runs = runs;
         plan.overload_runs = runs;
+        plan.outage_runs = runs;
     }
     if let Some(c) = args.number::<usize>("--concurrency")? {
         plan.loops_concurrency = c;
@@ -228,6 +255,16 @@ pub fn main(args: &mut Args) -> Result<(), String> {
     let pg_base = args
         .value("--postgres")?
         .unwrap_or_else(|| "postgres://postgres@127.0.0.1:5432".into());
+    let pg_db = args.value("--pg-db")?.unwrap_or_else(|| DB_NAME.into());
+    if pg_db.is_empty()
+        || !pg_db
+            .chars()
+            .all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || c == '_')
+    {
+        return Err(format!(
+            "--pg-db {pg_db:?}: lower-case letters, digits and _ only"
+        ));
+    }
     args.done()?;
 
     let env = environment(places)?;
@@ -236,7 +273,7 @@ pub fn main(args: &mut Args) -> Result<(), String> {
     for name in db_names.split(',') {
         dbs.push(match name {
             "sqlite" => sqlite_db(&env, &rt)?,
-            "postgres" => postgres_db(&rt, &pg_base)?,
+            "postgres" => postgres_db(&rt, &pg_base, &pg_db)?,
             other => return Err(format!("--db: unknown database {other:?}")),
         });
     }
@@ -256,7 +293,7 @@ pub fn main(args: &mut Args) -> Result<(), String> {
         procfs::open_files_limit("self")
     ));
     for figure in [
-        "startup", "cpu", "retry", "saving", "loops", "sweep", "counts", "overload",
+        "startup", "cpu", "retry", "saving", "loops", "sweep", "counts", "overload", "outage",
     ] {
         if !only.iter().any(|o| o == figure) {
             continue;
@@ -270,6 +307,7 @@ pub fn main(args: &mut Args) -> Result<(), String> {
                 "loops" => bench.loops(db),
                 "counts" => bench.counts(db),
                 "overload" => bench.overload(db),
+                "outage" => bench.outage(db),
                 _ => bench.sweep(db),
             };
             if let Err(err) = result {
@@ -438,11 +476,16 @@ fn sqlite_db(env: &Env, rt: &tokio::runtime::Runtime) -> Result<Db, String> {
         floor_url: urls[1].clone(),
         sqlite_path: Some(service),
         admin_url: None,
+        pg_name: String::new(),
     })
 }
 
 /// A fresh `checkout_bench` database on the machine's Postgres, migrated.
-pub(crate) fn postgres_db(rt: &tokio::runtime::Runtime, base: &str) -> Result<Db, String> {
+pub(crate) fn postgres_db(
+    rt: &tokio::runtime::Runtime,
+    base: &str,
+    name: &str,
+) -> Result<Db, String> {
     // `postgres://HOST:PORT[?OPTIONS]`: the options (e.g. sslmode=disable) go on every URL.
     let (base, options) = match base.split_once('?') {
         Some((base, options)) => (base, format!("?{options}")),
@@ -450,16 +493,19 @@ pub(crate) fn postgres_db(rt: &tokio::runtime::Runtime, base: &str) -> Result<Db
     };
     let base = base.trim_end_matches('/');
     let admin = format!("{base}/postgres{options}");
-    let url = format!("{base}/{DB_NAME}{options}");
+    let url = format!("{base}/{name}{options}");
     rt.block_on(async {
         let mut conn = sqlx::PgConnection::connect(&admin)
             .await
             .map_err(|e| format!("cannot reach Postgres at {admin}: {e}"))?;
-        sqlx::query("DROP DATABASE IF EXISTS checkout_bench WITH (FORCE)")
-            .execute(&mut conn)
-            .await
-            .map_err(|e| e.to_string())?;
-        sqlx::query("CREATE DATABASE checkout_bench")
+        // `name` is checked: lower-case letters, digits and _.
+        sqlx::query(sqlx::AssertSqlSafe(format!(
+            "DROP DATABASE IF EXISTS {name} WITH (FORCE)"
+        )))
+        .execute(&mut conn)
+        .await
+        .map_err(|e| e.to_string())?;
+        sqlx::query(sqlx::AssertSqlSafe(format!("CREATE DATABASE {name}")))
             .execute(&mut conn)
             .await
             .map_err(|e| e.to_string())?;
@@ -476,6 +522,7 @@ pub(crate) fn postgres_db(rt: &tokio::runtime::Runtime, base: &str) -> Result<Db
         floor_url: url,
         sqlite_path: None,
         admin_url: Some(admin),
+        pg_name: name.to_owned(),
     })
 }
 
@@ -586,8 +633,9 @@ impl Sampler {
                     Some(conn) => rt
                         .block_on(
                             sqlx::query_scalar::<_, i64>(
-                                "SELECT count(*) FROM pg_stat_activity WHERE datname = 'checkout_bench' AND backend_type = 'client backend'",
+                                "SELECT count(*) FROM pg_stat_activity WHERE datname = $1 AND backend_type = 'client backend'",
                             )
+                            .bind(&db.pg_name)
                             .fetch_one(&mut *conn),
                         )
                         .unwrap_or(0) as u32,

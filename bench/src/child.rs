@@ -147,10 +147,21 @@ pub fn tail(text: &str) -> String {
 
 /// `checkout scripted-model`: its URL is the base URL, `http://ADDR/v1`.
 pub fn model(env: &Env, name: &str, delay_ms: u64, faults: &str) -> Result<Running, String> {
+    model_on(env, name, "127.0.0.1:0", delay_ms, faults)
+}
+
+/// [`model`] on a given address (to start a model again where one was stopped).
+pub fn model_on(
+    env: &Env,
+    name: &str,
+    listen: &str,
+    delay_ms: u64,
+    faults: &str,
+) -> Result<Running, String> {
     let mut command = Command::new(&env.service_bin);
     command
         .current_dir(&env.work)
-        .args(["scripted-model", "--listen", "127.0.0.1:0"])
+        .args(["scripted-model", "--listen", listen])
         .args(["--delay-ms", &delay_ms.to_string()]);
     if !faults.is_empty() {
         command.args(["--faults", faults]);

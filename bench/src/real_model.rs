@@ -155,7 +155,10 @@ pub fn main(args: &mut Args) -> Result<(), String> {
     let rt = tokio::runtime::Runtime::new().map_err(|e| e.to_string())?;
     let database_url = match db_name.as_str() {
         "sqlite" => format!("sqlite://{}", env.work.join("real-model.db").display()),
-        "postgres" => bench::postgres_db(&rt, "postgres://postgres@127.0.0.1:5432")?.service_url,
+        "postgres" => {
+            bench::postgres_db(&rt, "postgres://postgres@127.0.0.1:5432", bench::DB_NAME)?
+                .service_url
+        }
         other => return Err(format!("--db: unknown database {other:?}")),
     };
     let _ = rustls::crypto::ring::default_provider().install_default();

@@ -4,7 +4,11 @@ use super::*;
 
 impl Bench {
     /// Receipts of the orders `prefix-*`: order id → receipt ids.
-    fn receipts(&self, db: &Db, prefix: &str) -> Result<HashMap<String, Vec<String>>, String> {
+    pub(super) fn receipts(
+        &self,
+        db: &Db,
+        prefix: &str,
+    ) -> Result<HashMap<String, Vec<String>>, String> {
         let pattern = format!("{prefix}-%");
         let rows: Vec<(String, String)> = self.rt.block_on(async {
             if db.service_url.starts_with("postgres") {
