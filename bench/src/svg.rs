@@ -310,7 +310,7 @@ pub fn timeline(
     }
     let _ = writeln!(
         out,
-        r##"<rect x="{left}" y="{sy}" width="{pw:.1}" height="{sh}" fill="none" stroke="#333"/><text x="{:.1}" y="{:.1}" font-size="11" text-anchor="end">primary's breaker</text>"##,
+        r##"<rect x="{left}" y="{sy}" width="{pw:.1}" height="{sh}" fill="none" stroke="#333"/><text x="{:.1}" y="{:.1}" font-size="11" text-anchor="end">breaker</text>"##,
         left - 6.0,
         sy + 13.0
     );
