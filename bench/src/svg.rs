@@ -203,14 +203,7 @@ pub fn render(panels: &[Panel], caption: &str) -> String {
     for (i, p) in panels.iter().enumerate() {
         panel(&mut out, p, W * i as f64);
     }
-    let _ = writeln!(
-        out,
-        r##"<text x="10" y="{:.0}" font-size="10" fill="#555">{}</text>"##,
-        height - 8.0,
-        escape(caption)
-    );
-    out.push_str("</svg>\n");
-    out
+    close(out, height, caption)
 }
 
 /// A line of the timeline: its label, its colour, its (ms, value) points.
@@ -380,6 +373,11 @@ pub fn timeline(
         lx + 6.0,
         ly + 4.0
     );
+    close(out, height, caption)
+}
+
+/// The caption at the foot of a picture, and its end.
+fn close(mut out: String, height: f64, caption: &str) -> String {
     let _ = writeln!(
         out,
         r##"<text x="10" y="{:.0}" font-size="10" fill="#555">{}</text>"##,
