@@ -23,7 +23,9 @@ pub async fn require_caller(
         .headers()
         .get(header::AUTHORIZATION)
         .map(|value| value.as_bytes().to_vec());
-    match app.gate().check(sent.as_deref()).await {
+    // Boxed: the check may ask the database, and its future would otherwise stay part of
+    // this one, which lives as long as the request (thousands of loops wait at once).
+    match Box::pin(app.gate().check(sent.as_deref())).await {
         Ok(Verdict::Caller(caller)) => {
             request.extensions_mut().insert(caller);
             next.run(request).await

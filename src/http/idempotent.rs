@@ -195,10 +195,18 @@ where
 
 /// Runs the work in a task of its own, so that it finishes (and its answer is saved)
 /// even when the client goes away or the server timeout gives up on the connection.
-pub async fn detached(work: impl Future<Output = HttpAnswer> + Send + 'static) -> HttpAnswer {
-    match tokio::spawn(work.in_current_span()).await {
-        Ok(answer) => answer,
-        Err(err) => Problem::new(Code::Unavailable, format!("the task failed: {err}")).answer(),
+///
+/// Not an `async fn`: the work is spawned at the call, so the caller's future holds the
+/// task's handle while it waits, not a second, unused room the size of the work.
+pub fn detached(
+    work: impl Future<Output = HttpAnswer> + Send + 'static,
+) -> impl Future<Output = HttpAnswer> + Send {
+    let task = tokio::spawn(work.in_current_span());
+    async move {
+        match task.await {
+            Ok(answer) => answer,
+            Err(err) => Problem::new(Code::Unavailable, format!("the task failed: {err}")).answer(),
+        }
     }
 }
 

@@ -22,6 +22,7 @@ use axum::Router;
 use axum::extract::{DefaultBodyLimit, MatchedPath, Request};
 use axum::http::{StatusCode, header};
 use axum::response::{IntoResponse, Response};
+use tower::ServiceBuilder;
 use tower_http::request_id::{MakeRequestUuid, PropagateRequestIdLayer, SetRequestIdLayer};
 use tower_http::sensitive_headers::SetSensitiveRequestHeadersLayer;
 use tower_http::timeout::TimeoutLayer;
@@ -92,36 +93,42 @@ pub fn router(state: AppState) -> Router {
                 .with_state((state.clone(), api_doc::ApiDocs::new(api))),
         )
         .fallback(|| async { Problem::new(Code::NotFound, "no such endpoint; see /swagger-ui/") })
-        .layer(DefaultBodyLimit::max(settings.server.body_limit_bytes))
-        .layer(TimeoutLayer::with_status_code(
-            StatusCode::GATEWAY_TIMEOUT,
-            server_timeout,
-        ))
-        .layer(axum::middleware::map_response(move |response: Response| {
-            problem_for_bare_errors(response, server_timeout, metrics.clone())
-        }))
-        .layer(PropagateRequestIdLayer::x_request_id())
+        // One stack, applied once: each `Router::layer` boxes every request's future
+        // again, and thousands of checkouts wait at once. Outermost first.
         .layer(
-            TraceLayer::new_for_http().make_span_with(|request: &Request| {
-                let path = request
-                    .extensions()
-                    .get::<MatchedPath>()
-                    .map(MatchedPath::as_str)
-                    .unwrap_or("unmatched");
-                let request_id = request
-                    .headers()
-                    .get("x-request-id")
-                    .and_then(|v| v.to_str().ok())
-                    .unwrap_or("");
-                tracing::info_span!("http", method = %request.method(), path, request_id)
-            }),
+            ServiceBuilder::new()
+                // Whatever logs a request's headers sees the API key as sensitive.
+                .layer(SetSensitiveRequestHeadersLayer::new([
+                    header::AUTHORIZATION,
+                ]))
+                .layer(SetRequestIdLayer::x_request_id(MakeRequestUuid))
+                .layer(TraceLayer::new_for_http().make_span_with(http_span))
+                .layer(PropagateRequestIdLayer::x_request_id())
+                .layer(axum::middleware::map_response(move |response: Response| {
+                    problem_for_bare_errors(response, server_timeout, metrics.clone())
+                }))
+                .layer(TimeoutLayer::with_status_code(
+                    StatusCode::GATEWAY_TIMEOUT,
+                    server_timeout,
+                ))
+                .layer(DefaultBodyLimit::max(settings.server.body_limit_bytes)),
         )
-        .layer(SetRequestIdLayer::x_request_id(MakeRequestUuid))
-        // Outermost: whatever logs a request's headers sees the API key as sensitive.
-        .layer(SetSensitiveRequestHeadersLayer::new([
-            header::AUTHORIZATION,
-        ]))
         .with_state(state)
+}
+
+/// The span every request's log lines carry.
+fn http_span(request: &Request) -> tracing::Span {
+    let path = request
+        .extensions()
+        .get::<MatchedPath>()
+        .map(MatchedPath::as_str)
+        .unwrap_or("unmatched");
+    let request_id = request
+        .headers()
+        .get("x-request-id")
+        .and_then(|v| v.to_str().ok())
+        .unwrap_or("");
+    tracing::info_span!("http", method = %request.method(), path, request_id)
 }
 
 /// The OpenAPI document as served at `/api-docs/openapi.json`: with the API key
