@@ -199,11 +199,13 @@ usage: checkout-bench [--quick] [--only cpu,loops,retry,saving,startup,sweep,cou
                       [--service-env NAME=VALUE]...
        checkout-bench load --url URL (--duration-ms N | --requests N) [--concurrency N] ...
        checkout-bench floor-axum | floor-reqwest --model URL | floor-sql --database URL
+       checkout-bench floor-loop --model URL [--h2c] [--port P]
 
 Starts the service (--service-bin, else the `checkout` binary beside this one; built
 first when run through cargo), the scripted model and the load generator as separate processes on loopback, and
 measures: 1 CPU per checkout against its floor, 2 loops in flight (10,000 concurrent
-checkouts, a 2 s model), 3 retry amplification (20 % of model requests 503), 4 start-up,
+checkouts, a 2 s model; --http1 for HTTP/1.1) and the bytes per waiting loop against
+its floor (floor-loop), 3 retry amplification (20 % of model requests 503), 4 start-up,
 7 instructions and heap allocations per checkout (under valgrind: callgrind, dhat),
 8 overload (twice --overload-limit checkouts offered at once: 1,000 with --quick, else
 5,000; the admitted ones served, the rest refused with 503 overloaded at once).

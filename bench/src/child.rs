@@ -1,5 +1,6 @@
 //! The processes the benchmark starts: the service, the scripted model, the bare axum
-//! floor server, the load generator. Their logs go to files under the work directory.
+//! floor servers (`floor-axum`, `floor-loop`), the load generator. Their logs go to
+//! files under the work directory.
 
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
@@ -226,6 +227,23 @@ pub fn floor_axum(env: &Env) -> Result<Running, String> {
         command,
         "floor axum listening on http://",
     )
+}
+
+/// `floor-loop`: the bare handler that makes a checkout's two POSTs to the model at
+/// `model_url` (h2c with prior knowledge when `h2c`), with its soft descriptor limit
+/// raised to the hard limit first, as the service raises its own at start-up.
+pub fn floor_loop(env: &Env, name: &str, model_url: &str, h2c: bool) -> Result<Running, String> {
+    let mut command = Command::new("sh");
+    command
+        .current_dir(&env.work)
+        .arg("-c")
+        .arg(r#"ulimit -n "$(ulimit -Hn)" 2>/dev/null; exec "$0" "$@""#)
+        .arg(&env.bench_bin)
+        .args(["floor-loop", "--model", model_url]);
+    if h2c {
+        command.arg("--h2c");
+    }
+    start(env, name, command, "floor loop listening on http://")
 }
 
 /// Runs this binary with `args` and reads the JSON it prints.

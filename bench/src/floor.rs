@@ -3,7 +3,8 @@
 //! CPU read from /proc like the service's); `floor-reqwest` sends the two
 //! chat-completions bodies of a checkout to the scripted model with a bare reqwest
 //! client; `floor-sql` runs the bare sqlx charge statement. The last two measure their
-//! own CPU and print a JSON [`FloorReport`].
+//! own CPU and print a JSON [`FloorReport`]. `floor-loop` serves a bare handler that
+//! makes those two POSTs, for figure 2's memory per waiting loop.
 
 use std::io::Write;
 use std::sync::Arc;
@@ -64,6 +65,68 @@ pub fn axum_main(args: &mut Args) -> Result<(), String> {
             }),
         );
         println!("floor axum listening on http://{addr}");
+        std::io::stdout().flush().map_err(|e| e.to_string())?;
+        axum::serve(listener, app).await.map_err(|e| e.to_string())
+    })
+}
+
+/// `floor-loop --model BASE_URL [--h2c] [--port P]`: a bare axum handler for `POST
+/// /checkout` that sends the two chat-completions bodies of a checkout to the model one
+/// after the other with a bare reqwest client (built as the service builds its model
+/// client: HTTP/2 with prior knowledge with `--h2c`, as `CHECKOUT_MODEL_H2C=true`), then
+/// answers a fixed body: what one checkout waiting on a slow model cannot do without.
+/// Figure 2 reads its peak RSS at two concurrencies beside the service's. Served over
+/// HTTP/1.1 and HTTP/2 (h2c with prior knowledge) alike.
+pub fn loop_main(args: &mut Args) -> Result<(), String> {
+    let base = args
+        .value("--model")?
+        .ok_or("floor-loop: --model is required")?;
+    let h2c = args.flag("--h2c");
+    let port: u16 = args.number("--port")?.unwrap_or(0);
+    args.done()?;
+    let runtime = tokio::runtime::Runtime::new().map_err(|e| e.to_string())?;
+    runtime.block_on(async move {
+        install_tls_provider();
+        let mut builder = reqwest::Client::builder()
+            .tcp_nodelay(true)
+            .pool_idle_timeout(Duration::from_secs(90));
+        if h2c {
+            builder = builder.http2_prior_knowledge();
+        }
+        let client = builder.build().map_err(|e| e.to_string())?;
+        let url: Arc<str> = format!("{}/chat/completions", base.trim_end_matches('/')).into();
+        // Built once (a round trip to the model) and shared: a loop holds no body of its own.
+        let (round1, round2) = chat_bodies(&client, &url).await?;
+        let listener = tokio::net::TcpListener::bind(("127.0.0.1", port))
+            .await
+            .map_err(|e| e.to_string())?;
+        let addr = listener.local_addr().map_err(|e| e.to_string())?;
+        let app = axum::Router::new().route(
+            "/checkout",
+            axum::routing::post(move || {
+                let (client, url, round1, round2) =
+                    (client.clone(), url.clone(), round1.clone(), round2.clone());
+                async move {
+                    let answer = async {
+                        post(&client, &url, round1).await?;
+                        post(&client, &url, round2).await
+                    };
+                    match answer.await {
+                        Ok(_) => (
+                            axum::http::StatusCode::OK,
+                            [(axum::http::header::CONTENT_TYPE, "application/json")],
+                            CHECKOUT_ANSWER.to_owned(),
+                        ),
+                        Err(err) => (
+                            axum::http::StatusCode::BAD_GATEWAY,
+                            [(axum::http::header::CONTENT_TYPE, "text/plain")],
+                            err,
+                        ),
+                    }
+                }
+            }),
+        );
+        println!("floor loop listening on http://{addr}");
         std::io::stdout().flush().map_err(|e| e.to_string())?;
         axum::serve(listener, app).await.map_err(|e| e.to_string())
     })
