@@ -2,6 +2,7 @@
 //! finished answer, refuse a key reused for another request or still running, or run the
 //! work under a lease. Knows nothing of what the work is; a handler hands it a future.
 
+use std::pin::Pin;
 use std::time::Duration;
 
 use axum::extract::FromRequestParts;
@@ -108,7 +109,8 @@ impl IntoParams for IdempotencyKey {
 
 /// Runs `work` once for `key`: the first request with the key runs it and saves a final
 /// answer; a repeat with the same `fingerprint` gets that answer back, byte for byte.
-/// The work is given the lease it runs under (its fence names it to the journal).
+/// The work is given the lease it runs under (its fence names it to the journal) and the
+/// admission slot it holds until it ends (also when its client has left).
 ///
 /// Work runs only with an admission slot. When the instance is full, the record is only
 /// read: a finished answer is replayed, a key in use or reused is refused as ever, and a
@@ -119,7 +121,7 @@ pub async fn once<F>(
     caller: &str,
     key: &OperationKey,
     fingerprint: &Fingerprint,
-    work: impl FnOnce(&Lease) -> F,
+    work: impl FnOnce(&Lease, Slot) -> F,
 ) -> Response
 where
     F: Future<Output = HttpAnswer> + Send + 'static,
@@ -127,18 +129,26 @@ where
     let settings = app.settings();
     let mut slot = app.admission().try_admit();
     let begun = match slot {
+        // The record calls are boxed: this future lives as long as the request.
         Some(_) => {
-            idempotency::begin(
+            Box::pin(idempotency::begin(
                 app.records(),
                 caller,
                 key.as_str(),
                 fingerprint,
                 settings.idempotency.lease,
                 settings.idempotency.ttl,
-            )
+            ))
             .await
         }
-        None => match idempotency::peek(app.records(), caller, key.as_str(), fingerprint).await {
+        None => match Box::pin(idempotency::peek(
+            app.records(),
+            caller,
+            key.as_str(),
+            fingerprint,
+        ))
+        .await
+        {
             Ok(Some(found)) => Ok(found),
             Ok(None) => return app.admission().refusal().into_response(),
             Err(err) => Err(err),
@@ -161,7 +171,11 @@ where
     }
     match begun {
         Ok(Begin::Owner(lease)) => {
-            let work = holding(slot, work(&lease));
+            // Only an admitted request claims a key (without a slot the record is read).
+            let Some(slot) = slot else {
+                return app.admission().refusal().into_response();
+            };
+            let work = Box::pin(work(&lease, slot));
             detached(owned(app.clone(), lease, work))
                 .await
                 .into_response()
@@ -210,15 +224,6 @@ pub fn detached(
     }
 }
 
-/// The work, holding its admission slot until it ends (also when its client has left).
-pub async fn holding(
-    slot: Option<Slot>,
-    work: impl Future<Output = HttpAnswer> + Send + 'static,
-) -> HttpAnswer {
-    let _slot = slot;
-    work.await
-}
-
 /// Runs `work` under a lease the recovery sweep took: as [`once`] runs a new key's work
 /// (renewed while it runs; the answer saved if final, else the lease released).
 pub(crate) async fn resume(
@@ -226,16 +231,16 @@ pub(crate) async fn resume(
     lease: Lease,
     work: impl Future<Output = HttpAnswer> + Send + 'static,
 ) -> HttpAnswer {
-    detached(owned(app.clone(), lease, work)).await
+    detached(owned(app.clone(), lease, Box::pin(work))).await
 }
 
 /// The work under our lease: renewed while it runs, then the answer saved (a final
 /// outcome) or the lease released (a transient failure: the key stays usable).
-async fn owned(
-    app: AppState,
-    lease: Lease,
-    work: impl Future<Output = HttpAnswer> + Send + 'static,
-) -> HttpAnswer {
+///
+/// The work comes boxed and the record calls are boxed: an argument of an async fn keeps
+/// its room in the future after it is moved, so an unboxed work would be held twice for
+/// the operation's whole life, and the calls beside it.
+async fn owned(app: AppState, lease: Lease, work: Pin<Box<dyn Work>>) -> HttpAnswer {
     let records = app.records().clone();
     let lease_for = app.settings().idempotency.lease;
     let renew = async {
@@ -243,7 +248,7 @@ async fn owned(
         tick.tick().await;
         loop {
             tick.tick().await;
-            match records.renew(&lease, lease_for).await {
+            match Box::pin(records.renew(&lease, lease_for)).await {
                 Ok(true) => {}
                 Ok(false) => {
                     tracing::warn!(key = %lease.key, fence = lease.fence, "lost the Idempotency-Key lease to another instance; this run's answer will not be saved");
@@ -266,9 +271,9 @@ async fn owned(
             content_type: answer.content_type.clone(),
             body: answer.body.to_vec(),
         };
-        records.complete(&lease, &saved).await
+        Box::pin(records.complete(&lease, &saved)).await
     } else {
-        records.release(&lease).await
+        Box::pin(records.release(&lease)).await
     };
     match outcome {
         Ok(true) => {}
@@ -283,6 +288,10 @@ async fn owned(
     }
     answer
 }
+
+/// A checkout's work, run under a lease.
+trait Work: Future<Output = HttpAnswer> + Send {}
+impl<F: Future<Output = HttpAnswer> + Send> Work for F {}
 
 /// The saved answer, byte for byte, marked as a replay.
 fn replay(saved: Saved) -> Response {

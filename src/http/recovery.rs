@@ -108,9 +108,10 @@ async fn recover(app: &AppState, operation: Lapsed, slot: Slot) {
     let fence = Some(lease.fence);
     let work = {
         let app = app.clone();
-        idempotent::holding(Some(slot), async move {
+        async move {
+            let _slot = slot;
             checkout::run(&app, order, email, operation_key, &caller, fence, format).await
-        })
+        }
     };
     let answer = idempotent::resume(app, lease, work).await;
     if answer.final_outcome {

@@ -19,6 +19,7 @@ use axum::response::{IntoResponse, Response};
 
 use crate::assistant::CheckoutContext;
 use crate::caller::Caller;
+use crate::http::admission::Slot;
 use crate::http::answer::HttpAnswer;
 use crate::http::error::Code;
 use crate::http::extract::{JsonBody, Params};
@@ -87,9 +88,12 @@ pub async fn checkout(
             }
             let work = {
                 let (app, key, caller) = (app.clone(), key.clone(), caller.clone());
-                move |lease: &Lease| {
+                move |lease: &Lease, slot: Slot| {
                     let fence = Some(lease.fence);
-                    async move { run(&app, order, email, key, &caller, fence, format).await }
+                    async move {
+                        let _slot = slot;
+                        run(&app, order, email, key, &caller, fence, format).await
+                    }
                 }
             };
             // Boxed, like the failure path: a handler future is as large as its largest
@@ -101,9 +105,10 @@ pub async fn checkout(
                 return app.admission().refusal().into_response();
             };
             let operation_key = OperationKey::mint();
-            idempotent::detached(idempotent::holding(Some(slot), async move {
+            idempotent::detached(async move {
+                let _slot = slot;
                 run(&app, order, email, operation_key, "", None, format).await
-            }))
+            })
             .await
             .into_response()
         }
