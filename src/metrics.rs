@@ -207,13 +207,16 @@ impl EmailOutcome {
     }
 }
 
-/// The model a client talks to, as the GenAI attributes name it.
+/// The model a client talks to, as the GenAI attributes name it, with the series its
+/// answered requests record into (registered once: a lookup by labels on every request
+/// cost more than the rest of the record).
 #[derive(Clone, Debug)]
 pub struct GenAiTarget {
     /// `gen_ai.provider.name`.
     pub provider: &'static str,
     /// `gen_ai.request.model`: the configured model name.
     pub model: String,
+    answered: [metrics::Histogram; 3],
 }
 
 /// The app's metrics. Cloning is cheap; every clone records into the same registry.
@@ -223,6 +226,15 @@ pub struct Metrics(Arc<Inner>);
 struct Inner {
     recorder: PrometheusRecorder,
     handle: PrometheusHandle,
+    /// The series every checkout records into, registered once.
+    hot: Hot,
+}
+
+struct Hot {
+    checkouts_ok: metrics::Counter,
+    charges_created: metrics::Counter,
+    loop_rounds: metrics::Histogram,
+    in_flight: metrics::Gauge,
 }
 
 impl std::fmt::Debug for Metrics {
@@ -258,7 +270,21 @@ impl Metrics {
             recorder.describe_gauge(def.name.into(), None, def.help.into());
         }
         let handle = recorder.handle();
-        let metrics = Metrics(Arc::new(Inner { recorder, handle }));
+        let hot = Hot {
+            checkouts_ok: recorder
+                .register_counter(&key(&CHECKOUTS, &[("code", "ok")]), &metadata()),
+            charges_created: recorder.register_counter(
+                &key(&CHARGES, &[("result", charge_result(true))]),
+                &metadata(),
+            ),
+            loop_rounds: recorder.register_histogram(&key(&LOOP_ROUNDS, &[]), &metadata()),
+            in_flight: recorder.register_gauge(&key(&IN_FLIGHT, &[]), &metadata()),
+        };
+        let metrics = Metrics(Arc::new(Inner {
+            recorder,
+            handle,
+            hot,
+        }));
         // Counters of a closed label set start at zero, so that a rate over them exists
         // before the first event.
         for created in [true, false] {
@@ -351,7 +377,7 @@ impl Metrics {
 
     /// A loop took (`1`) or gave back (`-1`) its admission slot.
     pub fn in_flight(&self, change: i8) {
-        self.gauge(&IN_FLIGHT).increment(f64::from(change));
+        self.0.hot.in_flight.increment(f64::from(change));
     }
 
     pub fn in_flight_limit(&self, limit: usize) {
@@ -364,12 +390,18 @@ impl Metrics {
 
     /// A checkout answered: `ok`, or the problem code it ended with.
     pub fn checkout(&self, code: &'static str) {
-        self.counter(&CHECKOUTS, &[("code", code)], 1);
+        match code {
+            "ok" => self.0.hot.checkouts_ok.increment(1),
+            _ => self.counter(&CHECKOUTS, &[("code", code)], 1),
+        }
     }
 
     /// A charge call reached the payment store and made (`created`) or found the charge.
     pub fn charge(&self, created: bool) {
-        self.counter(&CHARGES, &[("result", charge_result(created))], 1);
+        match created {
+            true => self.0.hot.charges_created.increment(1),
+            false => self.counter(&CHARGES, &[("result", charge_result(created))], 1),
+        }
     }
 
     /// A retry layer is repeating its unit after `reason` (a short stable name).
@@ -413,26 +445,50 @@ impl Metrics {
         took: Duration,
         outcome: Result<Option<(u64, u64)>, &'static str>,
     ) {
-        let model = target.model.as_str();
-        let base = [
-            ("gen_ai_operation_name", "chat"),
-            ("gen_ai_provider_name", target.provider),
-            ("gen_ai_request_model", model),
-        ];
         match outcome {
             Ok(usage) => {
-                self.histogram(&GEN_AI_DURATION, &base, took.as_secs_f64());
-                if let Some((input, output)) = usage {
-                    for (kind, tokens) in [("input", input), ("output", output)] {
-                        let labels = [base[0], base[1], base[2], ("gen_ai_token_type", kind)];
-                        self.histogram(&GEN_AI_TOKENS, &labels, tokens as f64);
-                    }
+                let [duration, input, output] = &target.answered;
+                duration.record(took.as_secs_f64());
+                if let Some((input_tokens, output_tokens)) = usage {
+                    input.record(input_tokens as f64);
+                    output.record(output_tokens as f64);
                 }
             }
             Err(error) => {
-                let labels = [base[0], base[1], base[2], ("error_type", error)];
+                let labels = [
+                    ("gen_ai_operation_name", "chat"),
+                    ("gen_ai_provider_name", target.provider),
+                    ("gen_ai_request_model", target.model.as_str()),
+                    ("error_type", error),
+                ];
                 self.histogram(&GEN_AI_DURATION, &labels, took.as_secs_f64());
             }
+        }
+    }
+
+    /// The model `model` of `provider`, as a client's metrics and spans name it.
+    pub fn genai_target(&self, provider: &'static str, model: &str) -> GenAiTarget {
+        let base = [
+            ("gen_ai_operation_name", "chat"),
+            ("gen_ai_provider_name", provider),
+            ("gen_ai_request_model", model),
+        ];
+        let tokens = |kind| {
+            let labels = [base[0], base[1], base[2], ("gen_ai_token_type", kind)];
+            self.0
+                .recorder
+                .register_histogram(&key(&GEN_AI_TOKENS, &labels), &metadata())
+        };
+        GenAiTarget {
+            provider,
+            model: model.to_owned(),
+            answered: [
+                self.0
+                    .recorder
+                    .register_histogram(&key(&GEN_AI_DURATION, &base), &metadata()),
+                tokens("input"),
+                tokens("output"),
+            ],
         }
     }
 
@@ -468,7 +524,10 @@ impl LoopRounds {
 impl Drop for LoopRounds {
     fn drop(&mut self) {
         self.metrics
-            .histogram(&LOOP_ROUNDS, &[], f64::from(self.rounds));
+            .0
+            .hot
+            .loop_rounds
+            .record(f64::from(self.rounds));
     }
 }
 
@@ -523,10 +582,7 @@ mod tests {
         metrics.charge(true);
         metrics.loop_rounds().reached(3);
         metrics.provider_request("create", "succeeded", Duration::from_millis(20));
-        let target = GenAiTarget {
-            provider: "openai",
-            model: "m".into(),
-        };
+        let target = metrics.genai_target("openai", "m");
         metrics.chat(&target, Duration::from_millis(30), Ok(Some((7, 2))));
         metrics.breaker_transition("m", BreakerState::Closed, BreakerState::Open);
         metrics.breaker_refused("m");

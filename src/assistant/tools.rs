@@ -61,11 +61,11 @@ impl ToolBox {
                 function: FunctionSpec {
                     name: SEND_CONFIRMATION.into(),
                     description: "Sends the customer the confirmation email of this checkout, after the order is charged. Takes no arguments: the service writes the message from the receipt. Calling it again sends nothing more.".into(),
-                    parameters: json!({
+                    parameters: raw(json!({
                         "type": "object",
                         "properties": {},
                         "additionalProperties": false
-                    }),
+                    })),
                 },
             });
             specs
@@ -79,7 +79,7 @@ impl ToolBox {
                 function: FunctionSpec {
                     name: CHARGE.into(),
                     description: "Charges the customer for an order. Calling it again for the same order does not charge twice.".into(),
-                    parameters: json!({
+                    parameters: raw(json!({
                         "type": "object",
                         "properties": {
                             "orderId": {"type": "string", "description": "the order id"},
@@ -87,7 +87,7 @@ impl ToolBox {
                         },
                         "required": ["orderId", "amount"],
                         "additionalProperties": false
-                    }),
+                    })),
                 },
             }]
         });
@@ -245,17 +245,33 @@ impl ToolBox {
     }
 }
 
-/// What the model is told of a charge.
+/// A JSON schema as the text every request carries, written once.
+fn raw(schema: serde_json::Value) -> Box<serde_json::value::RawValue> {
+    serde_json::value::to_raw_value(&schema).expect("a schema always serializes")
+}
+
+/// What the model is told of a charge: written straight from the receipt (a JSON value
+/// built first cost as much as the rest of the tool).
 fn charge_result(receipt: &Receipt, already_charged: bool) -> String {
-    json!({
-        "status": "charged",
-        "orderId": receipt.order_id.as_str(),
-        "amount": receipt.amount.decimal(),
-        "currency": receipt.amount.currency().code(),
-        "receiptId": receipt.id.to_string(),
-        "alreadyCharged": already_charged,
+    #[derive(serde::Serialize)]
+    #[serde(rename_all = "camelCase")]
+    struct Charged<'a> {
+        status: &'static str,
+        order_id: &'a str,
+        amount: String,
+        currency: &'a str,
+        receipt_id: uuid::fmt::Hyphenated,
+        already_charged: bool,
+    }
+    serde_json::to_string(&Charged {
+        status: "charged",
+        order_id: receipt.order_id.as_str(),
+        amount: receipt.amount.decimal(),
+        currency: receipt.amount.currency().code(),
+        receipt_id: receipt.id.hyphenated(),
+        already_charged,
     })
-    .to_string()
+    .expect("a charge result always serializes")
 }
 
 /// A refused charge call: what was wrong, and the call that would be accepted (the

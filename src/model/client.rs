@@ -18,7 +18,7 @@ use super::error::{ModelError, ModelErrorKind};
 use super::observe::ObserveLayer;
 use super::retry::{RequestRetry, RequestRetrySettings};
 use super::wire::{AssistantMessage, ChatRequest, ChatResponse, TokenUsage};
-use crate::metrics::{GenAiTarget, Metrics};
+use crate::metrics::Metrics;
 use crate::secret::Secret;
 use crate::telemetry::genai;
 
@@ -78,10 +78,7 @@ impl ModelClient {
             url,
             api_key: endpoint.api_key.clone(),
         }));
-        let target = GenAiTarget {
-            provider: genai::PROVIDER,
-            model: endpoint.model.clone(),
-        };
+        let target = metrics.genai_target(genai::PROVIDER, &endpoint.model);
         let label = format!("{}#{position}", endpoint.model);
         let breaker = Breaker::new(endpoint.label(), label, breaker, metrics);
         let stack = ServiceBuilder::new()

@@ -72,7 +72,8 @@ pub struct ToolSpec {
 pub struct FunctionSpec {
     pub name: String,
     pub description: String,
-    pub parameters: serde_json::Value,
+    /// JSON text, written once: the specs are static, and sent with every request.
+    pub parameters: Box<RawValue>,
 }
 
 #[derive(Clone, Debug, Serialize, Deserialize)]
