@@ -4,11 +4,15 @@
 //!
 //! The service runs under callgrind (instructions executed) or dhat (heap blocks
 //! allocated); the scripted model is a process of its own, so only the service is
-//! counted. One run sends a few checkouts, another many, one at a time over one
-//! keep-alive connection, each run from a fresh start; the difference between the two
-//! totals over the difference in checkouts is the cost of one checkout, with start-up,
-//! warm-up and shutdown cancelled out. Keyless and keyed (an Idempotency-Key: the
-//! record, its lease and the saved answer), on each database.
+//! counted. Checkouts go one at a time over one keep-alive connection. Instructions: a
+//! few checkouts warm the service up, callgrind's counters are zeroed
+//! (`callgrind_control -z`), many more are sent and the counters dumped: the window's
+//! total over its checkouts. (Two runs from a fresh start, differenced, were thrown off by
+//! start-up work that varies with wall time under valgrind: a run of 25 once counted
+//! fewer instructions than a run of 5.) Heap blocks: dhat cannot zero, so one run sends
+//! a few checkouts, another many, and the difference of the totals over the difference
+//! in checkouts is the cost of one. Keyless and keyed (an Idempotency-Key: the record,
+//! its lease and the saved answer), on each database.
 
 use super::*;
 
@@ -28,13 +32,14 @@ impl Tool {
 }
 
 impl Bench {
-    /// The service under `tool`, `checkouts` sent to it: the tool's total.
+    /// The service under `tool`, `checkouts` sent to it: the tool's total; under
+    /// callgrind, the total of the checkouts after the first `warm` only.
     fn counted(
         &self,
         db: &Db,
         tool: Tool,
         keyed: bool,
-        checkouts: u32,
+        (warm, checkouts): (u32, u32),
         tag: &str,
     ) -> Result<u64, String> {
         let model = child::model(&self.env, "model-counts", 0, "")?;
@@ -50,36 +55,58 @@ impl Bench {
         let name = format!("service-{tag}");
         let service = child::start(&self.env, &name, command, "listening on http://")?;
         let _ = rustls::crypto::ring::default_provider().install_default();
-        let sent = self.rt.block_on(async {
-            let http = reqwest::Client::builder()
-                .http1_only()
-                .build()
-                .map_err(|e| e.to_string())?;
-            for i in 0..checkouts {
-                let url = format!("{}/checkout?orderId={tag}-{i}&amount=1.00", service.url);
-                let mut request = http.post(url);
-                if keyed {
-                    request = request.header("Idempotency-Key", format!("{tag}-{i}"));
-                }
-                let status = request.send().await.map_err(|e| e.to_string())?.status();
-                if status != 200 {
-                    return Err(format!("checkout {i} of {tag} answered {status}"));
-                }
+        let control = |what: &str| -> Result<(), String> {
+            let status = std::process::Command::new("callgrind_control")
+                .args([what, &service.pid_str()])
+                .stdout(std::process::Stdio::null())
+                .status()
+                .map_err(|e| format!("callgrind_control: {e}"))?;
+            match status.success() {
+                true => Ok(()),
+                false => Err(format!("callgrind_control {what} failed: {status}")),
             }
-            Ok(())
-        });
+        };
+        let http = reqwest::Client::builder()
+            .http1_only()
+            .build()
+            .map_err(|e| e.to_string())?;
+        let send = |range: std::ops::Range<u32>| {
+            self.rt.block_on(async {
+                for i in range {
+                    let url = format!("{}/checkout?orderId={tag}-{i}&amount=1.00", service.url);
+                    let mut request = http.post(url);
+                    if keyed {
+                        request = request.header("Idempotency-Key", format!("{tag}-{i}"));
+                    }
+                    let status = request.send().await.map_err(|e| e.to_string())?.status();
+                    if status != 200 {
+                        return Err(format!("checkout {i} of {tag} answered {status}"));
+                    }
+                }
+                Ok::<(), String>(())
+            })
+        };
+        let sent = match tool {
+            Tool::Callgrind => send(0..warm)
+                .and_then(|()| control("-z"))
+                .and_then(|()| send(warm..checkouts))
+                .and_then(|()| control("-d")),
+            Tool::Dhat => send(0..checkouts),
+        };
         let log = service.log.clone();
         service.stop_within(Duration::from_secs(120));
         model.stop();
         sent?;
         match tool {
+            // The dump of the window, beside the file written at exit.
             Tool::Callgrind => {
-                let text =
-                    std::fs::read_to_string(&out).map_err(|e| format!("{}: {e}", out.display()))?;
+                let dump = PathBuf::from(format!("{}.1", out.display()));
+                let text = std::fs::read_to_string(&dump)
+                    .map_err(|e| format!("{}: {e}", dump.display()))?;
                 text.lines()
                     .find_map(|l| l.strip_prefix("totals: ").or(l.strip_prefix("summary: ")))
                     .and_then(|n| n.trim().parse().ok())
-                    .ok_or_else(|| format!("no totals in {}", out.display()))
+                    .ok_or_else(|| format!("no totals in {}", dump.display()))
             }
             // "==PID== Total:     1,234 bytes in 56 blocks" on the service's log.
             Tool::Dhat => {
@@ -108,11 +135,30 @@ impl Bench {
                 (Tool::Dhat, "heap allocations", "blocks"),
             ] {
                 let tag = |n: u32| format!("n{}{}{}{n}", tool.name(), db.name, kind);
-                let small = self.counted(db, tool, keyed, few, &tag(few))?;
-                let large = self.counted(db, tool, keyed, many, &tag(many))?;
-                let per = large.saturating_sub(small) as f64 / f64::from(many - few);
+                let (per, counted) = match tool {
+                    Tool::Callgrind => {
+                        let window = self.counted(db, tool, keyed, (few, many), &tag(many))?;
+                        let per = window as f64 / f64::from(many - few);
+                        (
+                            per,
+                            format!(
+                                "{window} for checkouts {} to {many}, after {few} to warm up",
+                                few + 1
+                            ),
+                        )
+                    }
+                    Tool::Dhat => {
+                        let small = self.counted(db, tool, keyed, (0, few), &tag(few))?;
+                        let large = self.counted(db, tool, keyed, (0, many), &tag(many))?;
+                        let per = large.saturating_sub(small) as f64 / f64::from(many - few);
+                        (
+                            per,
+                            format!("{small} for {few} checkouts, {large} for {many}"),
+                        )
+                    }
+                };
                 self.note(&format!(
-                    "{what} per checkout, {kind}, {}: {per:.0} ({small} for {few} checkouts, {large} for {many})",
+                    "{what} per checkout, {kind}, {}: {per:.0} ({counted})",
                     db.name
                 ));
                 self.metrics.push(Metric::new(
