@@ -269,6 +269,14 @@ impl Gate {
     /// The verdict on a request's `Authorization` header (its value, if sent). A key that
     /// is sent is always checked, open or not: a wrong key is refused, never ignored.
     pub async fn check(&self, authorization: Option<&[u8]>) -> Result<Verdict, StoreError> {
+        match self.verdict(authorization) {
+            Ok(verdict) => Ok(verdict),
+            Err(key) => self.look_up(key).await,
+        }
+    }
+
+    /// The verdict when no key needs looking up; else the key sent, to [`Gate::look_up`].
+    pub fn verdict<'a>(&self, authorization: Option<&'a [u8]>) -> Result<Verdict, &'a str> {
         if self.mode == AuthMode::Off {
             return Ok(Verdict::Open);
         }
@@ -279,9 +287,14 @@ impl Gate {
                 Verdict::Refused(AuthRefusal::Missing)
             });
         };
-        let Some(key) = bearer(header) else {
-            return Ok(Verdict::Refused(AuthRefusal::NotBearer));
-        };
+        match bearer(header) {
+            Some(key) => Err(key),
+            None => Ok(Verdict::Refused(AuthRefusal::NotBearer)),
+        }
+    }
+
+    /// The verdict on a key sent, from the database.
+    pub async fn look_up(&self, key: &str) -> Result<Verdict, StoreError> {
         let hash = KeyHash::of(key);
         let mut conn = self.db.acquire().await?;
         // The lookup is by the hash of what was sent, so its timing tells nothing about a

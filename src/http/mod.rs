@@ -157,10 +157,7 @@ fn api_parts(state: Option<&AppState>) -> (Router<AppState>, utoipa::openapi::Op
             None => checkout,
         }
         .routes(routes!(receipts::get_receipt))
-        .route_layer(axum::middleware::from_fn_with_state(
-            state.clone(),
-            auth::require_caller,
-        )),
+        .route_layer(auth::RequireCaller(state.clone())),
         None => checkout.routes(routes!(receipts::get_receipt)),
     };
     OpenApiRouter::with_openapi(ApiDoc::openapi())
