@@ -150,8 +150,11 @@ impl ToolBox {
             })?;
         let receipt = charged.receipt;
         self.metrics.charge(charged.created);
+        // A charge made is an event of the `execute_tool charge` span, for traces; the log
+        // says it once per checkout, in the line of its answer (receipt, charged). A charge
+        // found (a retry, a second checkout of the order) is logged: it is the exception.
         if charged.created {
-            tracing::info!(order = %receipt.order_id, receipt = %receipt.id, "charge tool: charged the order");
+            tracing::info!(target: genai::TARGET, order = %receipt.order_id, receipt = %receipt.id, "charge tool: charged the order");
         } else {
             tracing::info!(order = %receipt.order_id, receipt = %receipt.id, "charge tool: the order was already charged; returning its receipt, charging nothing");
         }
@@ -188,7 +191,7 @@ impl ToolBox {
             .outbox
             .queue_confirmation(&key.caller, &key.operation_key, email, &receipt)
             .await?;
-        tracing::info!(order = %receipt.order_id, message_id = %queued.message_id, status = %queued.status, "send_confirmation tool: the confirmation is in the outbox");
+        tracing::info!(target: genai::TARGET, order = %receipt.order_id, message_id = %queued.message_id, status = %queued.status, "send_confirmation tool: the confirmation is in the outbox");
         Ok(ToolOutput {
             content: json!({
                 "status": queued.status,

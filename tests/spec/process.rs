@@ -392,11 +392,14 @@ async fn the_start_up_log_says_where_confirmation_emails_go_and_that_the_sweep_r
     );
 }
 
-// Every line a checkout logs is written, on either store. On Postgres most were lost: sqlx
-// asks `log_enabled!` after each query, which left tracing-subscriber's per-layer filter
-// state stale for the next event on that thread (tokio-rs/tracing#2519).
+// A checkout logs one line at info, its confirmation (receipt, charged, attempts, usage);
+// the charge is an event of the `execute_tool charge` span, for traces (seen failing with
+// the charge logged too: 6 lines). Every such line is written, on either store: on
+// Postgres most were lost, as sqlx asks `log_enabled!` after each query, which left
+// tracing-subscriber's per-layer filter state stale for the next event on that thread
+// (tokio-rs/tracing#2519).
 both_backends!(
-    every_checkout_logs_its_charge_and_its_confirmation,
+    every_checkout_logs_one_line_its_confirmation,
     |backend| async move {
         let db = TestDb::new(backend).await;
         let model = scripted("").await;
@@ -414,11 +417,6 @@ both_backends!(
             count("checkout confirmed") == 3
         })
         .await;
-        assert_eq!(
-            count("charge tool: charged the order"),
-            3,
-            "{:#?}",
-            process.logs()
-        );
+        assert_eq!(count("path=\"/checkout\""), 3, "{:#?}", process.logs());
     }
 );
