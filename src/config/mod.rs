@@ -169,8 +169,9 @@ pub struct OverloadSettings {
     pub max_connections: usize,
 }
 
-/// The default bound on loops: 10,000 x ~42 KB per loop (measured, docs/overload.md)
-/// ~= 420 MB over the base, 511 MiB resident in all as measured at 10,000 in flight.
+/// The default bound on loops: 10,000 x ~24 KB per waiting loop over HTTP/2 (benchmark
+/// figure 2, docs/benchmark.md) ~= 240 MB over the base, 252 MiB resident in all as
+/// measured at 10,000 in flight (about twice that over HTTP/1.1, a connection each).
 pub const DEFAULT_MAX_IN_FLIGHT: usize = 10_000;
 
 impl OverloadSettings {
