@@ -104,9 +104,9 @@ pub fn router(state: AppState) -> Router {
                 .layer(SetRequestIdLayer::x_request_id(MakeRequestUuid))
                 .layer(TraceLayer::new_for_http().make_span_with(http_span))
                 .layer(PropagateRequestIdLayer::x_request_id())
-                .layer(axum::middleware::map_response(move |response: Response| {
-                    problem_for_bare_errors(response, server_timeout, metrics.clone())
-                }))
+                .map_response(move |response: Response| {
+                    problem_for_bare_errors(response, server_timeout, &metrics)
+                })
                 .layer(TimeoutLayer::with_status_code(
                     StatusCode::GATEWAY_TIMEOUT,
                     server_timeout,
@@ -169,11 +169,12 @@ fn api_parts(state: Option<&AppState>) -> (Router<AppState>, utoipa::openapi::Op
 }
 
 /// Answers made by the framework (an unknown method, the server timeout) carry no body;
-/// give them the same problem+json as every other error.
-async fn problem_for_bare_errors(
+/// give them the same problem+json as every other error. A plain function in the stack,
+/// not axum's async `map_response`, which boxed every request's future once more.
+fn problem_for_bare_errors(
     response: Response,
     server_timeout: Duration,
-    metrics: Metrics,
+    metrics: &Metrics,
 ) -> Response {
     let status = response.status();
     if !(status.is_client_error() || status.is_server_error())
