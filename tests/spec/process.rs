@@ -334,16 +334,28 @@ async fn debug_logs_carry_every_model_body_and_never_the_api_key() {
     ]);
     let reply = checkout(&client(), &process, "D-1", "2.00").await;
     assert_eq!(reply.status, 200, "{}", reply.text());
+    let bodies = || {
+        let logs = process.logs();
+        let requests = logs
+            .iter()
+            .filter(|l| {
+                l.contains("model request") && l.contains("Charge order") && l.contains("D-1")
+            })
+            .count();
+        let responses = logs
+            .iter()
+            .filter(|l| l.contains("model response") && l.contains("chatcmpl-scripted"))
+            .count();
+        (requests, responses)
+    };
+    // The answer can come before the process's last lines are read from its pipe.
+    until("both model bodies are logged", async || {
+        let (requests, responses) = bodies();
+        requests >= 2 && responses >= 2
+    })
+    .await;
     let logs = process.logs();
-    let requests = logs
-        .iter()
-        .filter(|l| l.contains("model request") && l.contains("Charge order") && l.contains("D-1"))
-        .count();
-    let responses = logs
-        .iter()
-        .filter(|l| l.contains("model response") && l.contains("chatcmpl-scripted"))
-        .count();
-    assert_eq!((requests, responses), (2, 2), "{logs:#?}");
+    assert_eq!(bodies(), (2, 2), "{logs:#?}");
     assert!(
         !logs.iter().any(|l| l.contains(key)),
         "the API key was logged"
