@@ -11,6 +11,8 @@
 pub mod genai;
 mod otlp;
 
+use std::sync::atomic::{AtomicBool, Ordering};
+
 use tracing::subscriber::Interest;
 use tracing::{Event, Metadata, span};
 use tracing_subscriber::filter::{EnvFilter, FilterExt, LevelFilter, filter_fn};
@@ -43,6 +45,10 @@ pub fn init_logs(format: LogFormat) {
 
 fn install(format: LogFormat, export: Option<&TraceExport>) {
     let filter = EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new("info"));
+    let debug = filter
+        .max_level_hint()
+        .is_none_or(|level| level >= LevelFilter::DEBUG);
+    DEBUG_LOGS.store(debug, Ordering::Relaxed);
     let not_genai = filter_fn(|meta| meta.target() != genai::TARGET);
     let logs = tracing_subscriber::fmt::layer()
         .with_target(false)
@@ -60,6 +66,14 @@ fn install(format: LogFormat, export: Option<&TraceExport>) {
         .collect();
     // A second init (tests building several apps in one process) keeps the first.
     let _ = tracing_subscriber::registry().with(layers).try_init();
+}
+
+static DEBUG_LOGS: AtomicBool = AtomicBool::new(false);
+
+/// Whether the log takes debug lines from anywhere (`RUST_LOG`): what is costly to
+/// describe is described only then. False until logging starts.
+pub fn debug_logs() -> bool {
+    DEBUG_LOGS.load(Ordering::Relaxed)
 }
 
 /// Colour codes only on a terminal, and never with `NO_COLOR` set to anything non-empty
