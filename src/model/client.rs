@@ -3,7 +3,7 @@
 use std::future::Future;
 use std::pin::Pin;
 use std::sync::Arc;
-use std::sync::atomic::AtomicU32;
+use std::sync::atomic::{AtomicU32, AtomicUsize, Ordering};
 use std::task::{Context, Poll};
 use std::time::{Duration, SystemTime};
 
@@ -30,8 +30,8 @@ pub struct ModelEndpoint {
     pub api_key: Option<Secret>,
     pub model: String,
     /// Speak HTTP/2 without TLS (prior knowledge) to an `http://` base URL: many requests
-    /// share one connection instead of holding one each. Over `https://` the client offers
-    /// HTTP/2 by ALPN whatever this says.
+    /// share a few connections ([`CONNECTIONS`]) instead of holding one each. Over
+    /// `https://` the client offers HTTP/2 by ALPN whatever this says.
     pub h2c: bool,
 }
 
@@ -41,6 +41,14 @@ impl ModelEndpoint {
         format!("{}@{}", self.model, self.base_url)
     }
 }
+
+/// HTTP/2 connections to one endpoint, its requests spread over them in turn. A reqwest
+/// client keeps one HTTP/2 connection per host and queues streams beyond the server's
+/// limit on it (docs/overload.md, point 3): over several, a provider's limit of streams per
+/// connection is that many times further, a broken connection fails only its share of
+/// the requests in flight, and the framing runs on as many tasks. Over HTTP/1.1 each
+/// request holds a connection of its own anyway.
+pub const CONNECTIONS: usize = 4;
 
 #[derive(Clone)]
 pub struct ModelClient {
@@ -66,15 +74,21 @@ impl ModelClient {
             "{}/chat/completions",
             endpoint.base_url.trim_end_matches('/')
         ))?;
-        let mut http = reqwest::Client::builder()
-            .tcp_nodelay(true)
-            .pool_idle_timeout(Duration::from_secs(90));
-        if endpoint.h2c && url.scheme() == "http" {
-            http = http.http2_prior_knowledge();
-        }
-        let http = http.build()?;
+        let client = || {
+            let mut http = reqwest::Client::builder()
+                .tcp_nodelay(true)
+                .pool_idle_timeout(Duration::from_secs(90));
+            if endpoint.h2c && url.scheme() == "http" {
+                http = http.http2_prior_knowledge();
+            }
+            http.build()
+        };
+        let http = (0..CONNECTIONS)
+            .map(|_| client())
+            .collect::<Result<_, _>>()?;
         let transport = ChatTransport(Arc::new(Endpoint {
             http,
+            next: AtomicUsize::new(0),
             url,
             api_key: endpoint.api_key.clone(),
         }));
@@ -168,7 +182,9 @@ pub struct Completion {
 struct ChatTransport(Arc<Endpoint>);
 
 struct Endpoint {
-    http: reqwest::Client,
+    /// [`CONNECTIONS`] clients, each with its own pool.
+    http: Box<[reqwest::Client]>,
+    next: AtomicUsize,
     url: reqwest::Url,
     api_key: Option<Secret>,
 }
@@ -199,8 +215,8 @@ impl Endpoint {
         );
         let mut headers = HeaderMap::new();
         genai::inject_traceparent(&mut headers);
-        let mut request = self
-            .http
+        let turn = self.next.fetch_add(1, Ordering::Relaxed) % self.http.len();
+        let mut request = self.http[turn]
             .post(self.url.clone())
             .header(CONTENT_TYPE, "application/json")
             .headers(headers)

@@ -2,6 +2,7 @@
 //! the repeated charge, the amount conflict, validation, receipts, health, concurrency.
 
 use crate::common::{Backend, Harness, Reply};
+use checkout::model::client::CONNECTIONS;
 use serde_json::Value;
 
 fn is_uuid_v7(text: &str) -> bool {
@@ -555,6 +556,22 @@ async fn http2_to_the_service_and_to_the_model_charges_once() {
     assert_eq!(h.db.receipts("H2-1").await, 1);
     assert_eq!(h.model.requests(), 2);
     assert_eq!(h.model.requests_over_http2(), 2);
+}
+
+/// Over h2c the model requests go over [`CONNECTIONS`] connections in turn, each kept for
+/// the next (a reqwest client keeps one per host, and a provider limits the streams on
+/// one): four checkouts, eight requests, four connections (seen failing with one client:
+/// one connection).
+#[tokio::test]
+async fn model_requests_over_http2_take_turns_on_four_kept_connections() {
+    let h = Harness::with(Backend::Sqlite, "", |s| s.model.h2c = true).await;
+    for i in 1..=4 {
+        let reply = h.checkout(&format!("H2C-{i}"), "1.00").await;
+        assert_eq!(reply.status, 200, "{}", reply.text());
+    }
+    assert_eq!(h.model.requests_over_http2(), 8);
+    assert_eq!(CONNECTIONS, 4);
+    assert_eq!(h.model.connections(), 4);
 }
 
 /// Without CHECKOUT_MODEL_H2C a plain http:// model is spoken to in HTTP/1.1, which every

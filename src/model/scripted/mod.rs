@@ -68,6 +68,7 @@ impl ScriptedModel {
             input_tokens: AtomicU64::new(0),
             output_tokens: AtomicU64::new(0),
             http2_requests: AtomicU64::new(0),
+            connections: AtomicU64::new(0),
             by_round: Mutex::new(Vec::new()),
             arrivals: Mutex::new(Vec::new()),
             traceparents: Mutex::new(Vec::new()),
@@ -100,6 +101,11 @@ impl ScriptedModel {
             self.state.input_tokens.load(Ordering::SeqCst),
             self.state.output_tokens.load(Ordering::SeqCst),
         )
+    }
+
+    /// Connections accepted so far.
+    pub fn connections(&self) -> u64 {
+        self.state.connections.load(Ordering::SeqCst)
     }
 
     /// Chat-completions requests that came over HTTP/2.

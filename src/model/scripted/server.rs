@@ -27,6 +27,7 @@ pub(super) struct State {
     pub(super) input_tokens: AtomicU64,
     pub(super) output_tokens: AtomicU64,
     pub(super) http2_requests: AtomicU64,
+    pub(super) connections: AtomicU64,
     pub(super) by_round: Mutex<Vec<u64>>,
     pub(super) arrivals: Mutex<Vec<Instant>>,
     /// The `traceparent` header of each chat-completions request, in order.
@@ -46,6 +47,7 @@ pub(super) async fn accept_loop(listener: TcpListener, state: Arc<State>) {
             continue;
         };
         let _ = stream.set_nodelay(true);
+        state.connections.fetch_add(1, Ordering::SeqCst);
         let state = state.clone();
         tokio::spawn(async move {
             let service = service_fn(move |request| handle(state.clone(), request));
