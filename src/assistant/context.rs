@@ -135,7 +135,7 @@ impl CheckoutContext {
     /// Keeps steps in the context (see [`Self::kept`]).
     pub(crate) fn keep(&self, entries: Vec<NewEntry>) {
         let mut kept = self.0.kept.lock().expect("never poisoned");
-        kept.extend(entries.iter().map(NewEntry::to_entry));
+        kept.extend(entries.into_iter().map(NewEntry::into_entry));
     }
 
     /// The steps kept in the context, in order.

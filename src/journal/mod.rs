@@ -46,14 +46,14 @@ pub struct NewEntry {
 
 impl NewEntry {
     /// The row as it reads back.
-    pub fn to_entry(&self) -> Entry {
+    pub fn into_entry(self) -> Entry {
         Entry {
             step: self.step,
             kind: self.kind.as_str().to_owned(),
-            name: self.name.clone(),
-            call_id: self.call_id.clone(),
-            body: self.body.clone(),
-            pins: self.pins.clone(),
+            name: self.name,
+            call_id: self.call_id,
+            body: self.body,
+            pins: self.pins,
             input_tokens: self.input_tokens,
             output_tokens: self.output_tokens,
         }

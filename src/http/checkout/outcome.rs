@@ -93,6 +93,7 @@ pub(super) fn success(
     format: Format,
 ) -> HttpAnswer {
     let usage = outcome.usage;
+    let models = ctx.models();
     tracing::info!(
         order = %ctx.order().id(),
         receipt = %outcome.receipt.id,
@@ -103,7 +104,7 @@ pub(super) fn success(
         input_tokens = usage.input_tokens,
         output_tokens = usage.output_tokens,
         message_source = outcome.message_source.as_str(),
-        models = ?ctx.models(),
+        models = ?models,
         "checkout confirmed"
     );
     match format {
@@ -123,7 +124,7 @@ pub(super) fn success(
                 attempts: outcome.attempts,
                 operation_key: ctx.operation_key().to_string(),
                 usage: UsageView {
-                    models: ctx.models(),
+                    models,
                     ..UsageView::from(usage)
                 },
                 confirmation,
