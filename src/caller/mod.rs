@@ -266,16 +266,9 @@ impl Gate {
         }
     }
 
-    /// The verdict on a request's `Authorization` header (its value, if sent). A key that
-    /// is sent is always checked, open or not: a wrong key is refused, never ignored.
-    pub async fn check(&self, authorization: Option<&[u8]>) -> Result<Verdict, StoreError> {
-        match self.verdict(authorization) {
-            Ok(verdict) => Ok(verdict),
-            Err(key) => self.look_up(key).await,
-        }
-    }
-
-    /// The verdict when no key needs looking up; else the key sent, to [`Gate::look_up`].
+    /// The verdict on a request's `Authorization` header (its value, if sent) when it
+    /// needs no database; else the key sent, for [`Gate::look_up`]. A key that is sent is
+    /// always checked, open or not: a wrong key is refused, never ignored.
     pub fn verdict<'a>(&self, authorization: Option<&'a [u8]>) -> Result<Verdict, &'a str> {
         if self.mode == AuthMode::Off {
             return Ok(Verdict::Open);

@@ -12,6 +12,7 @@
 //! and 5 copies of some 2 KB per request).
 
 use std::convert::Infallible;
+use std::future::{Ready, ready};
 use std::task::{Context, Poll};
 
 use axum::extract::Request;
@@ -53,37 +54,24 @@ where
 {
     type Response = Response;
     type Error = Infallible;
-    type Future = Either<Oneshot<S, Request>, BoxFuture<'static, Result<Response, Infallible>>>;
+    type Future = Either<Pass<S>, BoxFuture<'static, Result<Response, Infallible>>>;
 
     fn poll_ready(&mut self, _cx: &mut Context<'_>) -> Poll<Result<(), Infallible>> {
         // The inner service is driven ready by `oneshot`, on the clone that serves.
         Poll::Ready(Ok(()))
     }
 
-    fn call(&mut self, mut request: Request) -> Self::Future {
+    fn call(&mut self, request: Request) -> Self::Future {
         let inner = self.inner.clone();
         let sent = request.headers().get(header::AUTHORIZATION);
         match self.app.gate().verdict(sent.map(HeaderValue::as_bytes)) {
-            Ok(Verdict::Caller(caller)) => {
-                request.extensions_mut().insert(caller);
-                Either::Left(inner.oneshot(request))
-            }
-            Ok(Verdict::Open) => Either::Left(inner.oneshot(request)),
-            Ok(Verdict::Refused(why)) => {
-                Either::Right(Box::pin(std::future::ready(Ok(refusal(&self.app, why)))))
-            }
+            Ok(verdict) => Either::Left(pass(&self.app, verdict, request, inner)),
             Err(key) => {
                 let key = key.to_owned();
                 let app = self.app.clone();
                 Either::Right(Box::pin(async move {
-                    let verdict = Box::pin(app.gate().look_up(&key)).await;
-                    match verdict {
-                        Ok(Verdict::Caller(caller)) => {
-                            request.extensions_mut().insert(caller);
-                            inner.oneshot(request).await
-                        }
-                        Ok(Verdict::Open) => inner.oneshot(request).await,
-                        Ok(Verdict::Refused(why)) => Ok(refusal(&app, why)),
+                    match Box::pin(app.gate().look_up(&key)).await {
+                        Ok(verdict) => pass(&app, verdict, request, inner).await,
                         Err(err) => Ok(Problem::new(
                             Code::Unavailable,
                             format!("cannot check the API key: the database did not answer: {err}"),
@@ -94,6 +82,25 @@ where
                 }))
             }
         }
+    }
+}
+
+/// A request on its way to the route, or its refusal.
+type Pass<S> = Either<Oneshot<S, Request>, Ready<Result<Response, Infallible>>>;
+
+/// Serves `request` as the verdict says: as its caller's, as the anonymous caller's, or
+/// not at all.
+fn pass<S>(app: &AppState, verdict: Verdict, mut request: Request, inner: S) -> Pass<S>
+where
+    S: Service<Request, Response = Response, Error = Infallible>,
+{
+    match verdict {
+        Verdict::Caller(caller) => {
+            request.extensions_mut().insert(caller);
+            Either::Left(inner.oneshot(request))
+        }
+        Verdict::Open => Either::Left(inner.oneshot(request)),
+        Verdict::Refused(why) => Either::Right(ready(Ok(refusal(app, why)))),
     }
 }
 
