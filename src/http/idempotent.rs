@@ -2,13 +2,13 @@
 //! finished answer, refuse a key reused for another request or still running, or run the
 //! work under a lease. Knows nothing of what the work is; a handler hands it a future.
 
-use std::pin::Pin;
 use std::time::Duration;
 
 use axum::extract::FromRequestParts;
 use axum::http::HeaderValue;
 use axum::http::request::Parts;
 use axum::response::{IntoResponse, Response};
+use futures_util::future::BoxFuture;
 use tracing::Instrument;
 use utoipa::IntoParams;
 use utoipa::openapi::path::{Parameter, ParameterBuilder, ParameterIn};
@@ -240,7 +240,7 @@ pub(crate) async fn resume(
 /// The work comes boxed and the record calls are boxed: an argument of an async fn keeps
 /// its room in the future after it is moved, so an unboxed work would be held twice for
 /// the operation's whole life, and the calls beside it.
-async fn owned(app: AppState, lease: Lease, work: Pin<Box<dyn Work>>) -> HttpAnswer {
+async fn owned(app: AppState, lease: Lease, work: BoxFuture<'static, HttpAnswer>) -> HttpAnswer {
     let records = app.records().clone();
     let lease_for = app.settings().idempotency.lease;
     let renew = async {
@@ -288,10 +288,6 @@ async fn owned(app: AppState, lease: Lease, work: Pin<Box<dyn Work>>) -> HttpAns
     }
     answer
 }
-
-/// A checkout's work, run under a lease.
-trait Work: Future<Output = HttpAnswer> + Send {}
-impl<F: Future<Output = HttpAnswer> + Send> Work for F {}
 
 /// The saved answer, byte for byte, marked as a replay.
 fn replay(saved: Saved) -> Response {
