@@ -150,8 +150,8 @@ fn api_parts(state: Option<&AppState>) -> (Router<AppState>, utoipa::openapi::Op
         // The rate limit sits behind the API key check, which names the caller; when it
         // is off, it is not in the way at all (a layer costs every waiting request room).
         Some(state) => match state.rate_limit() {
-            Some(_) => checkout.route_layer(axum::middleware::from_fn_with_state(
-                state.clone(),
+            Some(limit) => checkout.route_layer(axum::middleware::from_fn_with_state(
+                (state.clone(), limit.clone()),
                 rate_limit::limit,
             )),
             None => checkout,

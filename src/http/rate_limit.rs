@@ -119,11 +119,12 @@ impl RateLimit {
 }
 
 /// The middleware in front of `POST /checkout` (behind the API key check, so that the
-/// caller is known).
-pub async fn limit(State(app): State<AppState>, request: Request, next: Next) -> Response {
-    let Some(limit) = app.rate_limit() else {
-        return next.run(request).await;
-    };
+/// caller is known), in the route only when the rate limit is on.
+pub async fn limit(
+    State((app, limit)): State<(AppState, RateLimit)>,
+    request: Request,
+    next: Next,
+) -> Response {
     let who = who(&request);
     let per_one = limit.0.per_one;
     match limit.check(&who) {
