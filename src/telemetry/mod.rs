@@ -48,7 +48,6 @@ fn install(format: LogFormat, export: Option<&TraceExport>) {
     let debug = filter
         .max_level_hint()
         .is_none_or(|level| level >= LevelFilter::DEBUG);
-    DEBUG_LOGS.store(debug, Ordering::Relaxed);
     let not_genai = filter_fn(|meta| meta.target() != genai::TARGET);
     let logs = tracing_subscriber::fmt::layer()
         .with_target(false)
@@ -64,8 +63,15 @@ fn install(format: LogFormat, export: Option<&TraceExport>) {
     let layers: Vec<_> = std::iter::once(logs)
         .chain(export.map(TraceExport::layer))
         .collect();
-    // A second init (tests building several apps in one process) keeps the first.
-    let _ = tracing_subscriber::registry().with(layers).try_init();
+    // A second init (tests building several apps in one process) keeps the first, and
+    // what it said of debug lines.
+    if tracing_subscriber::registry()
+        .with(layers)
+        .try_init()
+        .is_ok()
+    {
+        DEBUG_LOGS.store(debug, Ordering::Relaxed);
+    }
 }
 
 static DEBUG_LOGS: AtomicBool = AtomicBool::new(false);
