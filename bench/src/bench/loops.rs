@@ -297,21 +297,17 @@ impl Bench {
                         ));
                     }
                 }
-                m.entry("service_low_rss")
-                    .or_default()
-                    .push(mib(service_low.hwm));
-                m.entry("service_high_rss")
-                    .or_default()
-                    .push(mib(service_high.hwm));
-                m.entry("floor_low_rss")
-                    .or_default()
-                    .push(mib(floor_low.hwm));
-                m.entry("floor_high_rss")
-                    .or_default()
-                    .push(mib(floor_high.hwm));
-                m.entry("service_slope").or_default().push(service);
-                m.entry("floor_slope").or_default().push(floor);
-                m.entry("slope_ratio").or_default().push(service / floor);
+                for (name, value) in [
+                    ("service_low_rss", mib(service_low.hwm)),
+                    ("service_high_rss", mib(service_high.hwm)),
+                    ("floor_low_rss", mib(floor_low.hwm)),
+                    ("floor_high_rss", mib(floor_high.hwm)),
+                    ("service_slope", service),
+                    ("floor_slope", floor),
+                    ("slope_ratio", service / floor),
+                ] {
+                    m.entry(name).or_default().push(value);
+                }
             }
 
             m.entry("success").or_default().push(success);
