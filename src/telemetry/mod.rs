@@ -8,6 +8,7 @@
 //! `invoke_agent checkout` > `chat {model}` and `execute_tool {name}`. The logs never show
 //! those spans, so the log lines read the same with tracing on or off.
 
+mod fields;
 pub mod genai;
 mod otlp;
 
@@ -49,16 +50,18 @@ fn install(format: LogFormat, export: Option<&TraceExport>) {
         .max_level_hint()
         .is_none_or(|level| level >= LevelFilter::DEBUG);
     let not_genai = filter_fn(|meta| meta.target() != genai::TARGET);
+    let ansi = colour();
     let logs = tracing_subscriber::fmt::layer()
         .with_target(false)
-        .with_ansi(colour());
+        .with_ansi(ansi);
+    let filter = Asked(filter.and(not_genai));
     let logs: Box<dyn Layer<Registry> + Send + Sync> = match format {
-        LogFormat::Text => logs.with_filter(Asked(filter.and(not_genai))).boxed(),
-        LogFormat::Json => logs
-            .json()
-            .flatten_event(true)
-            .with_filter(Asked(filter.and(not_genai)))
+        LogFormat::Text if !ansi => logs
+            .fmt_fields(fields::PlainFields)
+            .with_filter(filter)
             .boxed(),
+        LogFormat::Text => logs.with_filter(filter).boxed(),
+        LogFormat::Json => logs.json().flatten_event(true).with_filter(filter).boxed(),
     };
     let layers: Vec<_> = std::iter::once(logs)
         .chain(export.map(TraceExport::layer))
