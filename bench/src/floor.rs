@@ -143,7 +143,7 @@ async fn chat_bodies(client: &reqwest::Client, url: &str) -> Result<(Bytes, Byte
     let mut chat = ChatRequest {
         model: "gpt-4o-mini".into(),
         messages: prompts::opening(&order, false),
-        tools: ToolBox::specs(false).into(),
+        tools: ToolBox::offered(false),
         max_tokens: Some(checkout::assistant::MAX_TOKENS),
     };
     let round1 = Bytes::from(serde_json::to_vec(&chat).map_err(|e| e.to_string())?);

@@ -138,7 +138,7 @@ impl Inner {
         let mut chat = ChatRequest {
             model: self.model.primary().model().to_owned(),
             messages: prompts::opening(ctx.order(), ctx.email().is_some()),
-            tools: ToolBox::specs(ctx.email().is_some()).into(),
+            tools: ToolBox::offered(ctx.email().is_some()),
             max_tokens: Some(limits.max_tokens),
         };
         // Pins guard a journal that another run may read; steps kept in process are read

@@ -16,7 +16,7 @@ use super::context::{ChargeStatus, CheckoutContext};
 use super::error::{FailureKind, JournalFailure, ToolFailure};
 use crate::journal::NewEntry;
 use crate::metrics::Metrics;
-use crate::model::wire::{FunctionSpec, ToolCall, ToolSpec};
+use crate::model::wire::{FunctionSpec, ToolCall, ToolList, ToolSpec, Tools};
 use crate::outbox::Outbox;
 use crate::payments::{Order, PaymentGateway, Receipt};
 use crate::telemetry::genai;
@@ -51,11 +51,12 @@ impl ToolBox {
         }
     }
 
-    /// The tools offered to the model, built once: `charge`, and `send_confirmation` when
-    /// the request named an address (`confirmation`). They are part of the journal's pins.
-    pub fn specs(confirmation: bool) -> &'static [ToolSpec] {
-        static WITH_CONFIRMATION: LazyLock<Vec<ToolSpec>> = LazyLock::new(|| {
-            let mut specs = ToolBox::specs(false).to_vec();
+    /// The tools offered to the model, built once with their JSON text: `charge`, and
+    /// `send_confirmation` when the request named an address (`confirmation`). They are
+    /// part of the journal's pins.
+    pub fn offered(confirmation: bool) -> Tools {
+        static WITH_CONFIRMATION: LazyLock<ToolList> = LazyLock::new(|| {
+            let mut specs = ToolBox::offered(false).to_vec();
             specs.push(ToolSpec {
                 kind: "function".into(),
                 function: FunctionSpec {
@@ -68,13 +69,13 @@ impl ToolBox {
                     })),
                 },
             });
-            specs
+            ToolList::new(specs)
         });
         if confirmation {
-            return &WITH_CONFIRMATION;
+            return Tools::Offered(&WITH_CONFIRMATION);
         }
-        static SPECS: LazyLock<Vec<ToolSpec>> = LazyLock::new(|| {
-            vec![ToolSpec {
+        static SPECS: LazyLock<ToolList> = LazyLock::new(|| {
+            ToolList::new(vec![ToolSpec {
                 kind: "function".into(),
                 function: FunctionSpec {
                     name: CHARGE.into(),
@@ -89,9 +90,9 @@ impl ToolBox {
                         "additionalProperties": false
                     })),
                 },
-            }]
+            }])
         });
-        &SPECS
+        Tools::Offered(&SPECS)
     }
 
     /// Runs one tool call, in its `execute_tool {name}` span. A mistake of the model's

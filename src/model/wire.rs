@@ -2,8 +2,6 @@
 //! Unknown fields in answers are ignored, so any compatible server (vLLM, Ollama,
 //! llama.cpp) can answer.
 
-use std::borrow::Cow;
-
 use serde::{Deserialize, Serialize};
 use serde_json::value::RawValue;
 
@@ -11,9 +9,9 @@ use serde_json::value::RawValue;
 pub struct ChatRequest {
     pub model: String,
     pub messages: Vec<Message>,
-    /// Borrowed from a static list when sending: every conversation offers the same tools.
+    /// A static list when sending: every conversation offers the same tools.
     #[serde(default, skip_serializing_if = "no_tools")]
-    pub tools: Cow<'static, [ToolSpec]>,
+    pub tools: Tools,
     /// A bound on the answer's length: a small model asked for a tool call can ramble
     /// for thousands of tokens.
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -22,6 +20,60 @@ pub struct ChatRequest {
 
 fn no_tools(tools: &[ToolSpec]) -> bool {
     tools.is_empty()
+}
+
+/// The tools a request offers: a list of the service's, whose JSON text is written once
+/// (every request sends it, and it never changes), or a list read from a request.
+#[derive(Clone, Debug)]
+pub enum Tools {
+    Offered(&'static ToolList),
+    Received(Vec<ToolSpec>),
+}
+
+/// A static list of tools and its JSON text.
+#[derive(Debug)]
+pub struct ToolList {
+    specs: Vec<ToolSpec>,
+    json: Box<RawValue>,
+}
+
+impl ToolList {
+    pub fn new(specs: Vec<ToolSpec>) -> ToolList {
+        let json = serde_json::value::to_raw_value(&specs).expect("tool specs serialize");
+        ToolList { specs, json }
+    }
+}
+
+impl Default for Tools {
+    fn default() -> Self {
+        Tools::Received(Vec::new())
+    }
+}
+
+impl std::ops::Deref for Tools {
+    type Target = [ToolSpec];
+
+    fn deref(&self) -> &[ToolSpec] {
+        match self {
+            Tools::Offered(list) => &list.specs,
+            Tools::Received(specs) => specs,
+        }
+    }
+}
+
+impl Serialize for Tools {
+    fn serialize<S: serde::Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
+        match self {
+            Tools::Offered(list) => list.json.serialize(serializer),
+            Tools::Received(specs) => specs.serialize(serializer),
+        }
+    }
+}
+
+impl<'de> Deserialize<'de> for Tools {
+    fn deserialize<D: serde::Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+        Vec::deserialize(deserializer).map(Tools::Received)
+    }
 }
 
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
@@ -187,6 +239,35 @@ mod tests {
         let answer: AssistantMessage =
             serde_json::from_str(&format!(r#"{{"content":"","tool_calls":[{call}]}}"#)).unwrap();
         answer.tool_calls.unwrap().remove(0).function.arguments
+    }
+
+    #[test]
+    fn an_offered_tool_list_sends_what_its_specs_serialize_to() {
+        let specs = vec![ToolSpec {
+            kind: "function".into(),
+            function: FunctionSpec {
+                name: "charge".into(),
+                description: "Charges \"the\" order.".into(),
+                parameters: RawValue::from_string(r#"{"type":"object"}"#.into()).unwrap(),
+            },
+        }];
+        let list: &'static ToolList = Box::leak(Box::new(ToolList::new(specs.clone())));
+        let request = |tools| ChatRequest {
+            model: "m".into(),
+            messages: vec![Message::User {
+                content: "hi".into(),
+            }],
+            tools,
+            max_tokens: Some(5),
+        };
+        let offered = serde_json::to_string(&request(Tools::Offered(list))).unwrap();
+        assert_eq!(
+            offered,
+            serde_json::to_string(&request(Tools::Received(specs))).unwrap()
+        );
+        assert!(offered.contains(r#""tools":[{"type":"function","function":{"name":"charge","#));
+        let back: ChatRequest = serde_json::from_str(&offered).unwrap();
+        assert_eq!(back.tools.len(), 1);
     }
 
     #[test]
