@@ -96,18 +96,23 @@ impl Service<LoopRequest> for AgentLoop {
         Poll::Ready(Ok(()))
     }
 
+    /// A retry's log lines carry its `loop attempt{attempt=N}` span; the first attempt's
+    /// carry none: what it would say goes without saying, and a span entered on every poll
+    /// cost every checkout a few percent of its CPU.
     fn call(&mut self, request: LoopRequest) -> Self::Future {
         let inner = self.0.clone();
-        let span = tracing::info_span!("loop attempt", attempt = request.attempt);
-        Box::pin(
-            async move {
-                inner
-                    .run(&request.ctx, request.attempt)
-                    .await
-                    .map_err(|kind| Box::new(CheckoutError::new(kind)) as BoxError)
-            }
-            .instrument(span),
-        )
+        let attempt = request.attempt;
+        let run = async move {
+            inner
+                .run(&request.ctx, attempt)
+                .await
+                .map_err(|kind| Box::new(CheckoutError::new(kind)) as BoxError)
+        };
+        if attempt == 1 {
+            Box::pin(run)
+        } else {
+            Box::pin(run.instrument(tracing::info_span!("loop attempt", attempt)))
+        }
     }
 }
 
