@@ -253,8 +253,11 @@ impl Endpoint {
                 retry_after,
             }));
         }
-        serde_json::from_slice(&body)
-            .map_err(|err| ModelError::new(ModelErrorKind::Malformed(err.to_string())))
+        // The body's UTF-8 checked once, not string by string as `from_slice` checks it.
+        std::str::from_utf8(&body)
+            .map_err(|err| err.to_string())
+            .and_then(|text| serde_json::from_str(text).map_err(|err| err.to_string()))
+            .map_err(|err| ModelError::new(ModelErrorKind::Malformed(err)))
     }
 }
 
