@@ -153,9 +153,11 @@ impl Inner {
         } else {
             String::new()
         };
-        // Every database call is boxed, like the model call and the tools below: an
-        // inline sqlx future would make every waiting loop as large as itself.
-        let mut replay = Box::pin(self.memory.recall(ctx, &pins, attempt)).await?;
+        // The futures awaited here are small: the journal, the model client and the tools
+        // box what is large inside them (a database statement, a provider's HTTP call),
+        // so a loop waiting on the model holds a small future, and a checkout allocates
+        // only for what it runs (docs/benchmark.md, figure 7).
+        let mut replay = self.memory.recall(ctx, &pins, attempt).await?;
         let mut receipt: Option<Receipt> = None;
         let mut nudges = 0;
         let mut step = 0;
@@ -173,12 +175,10 @@ impl Inner {
                     reply
                 }
                 None => {
-                    // The model call and the tools are boxed: each lives only while it
-                    // runs, so a loop waiting on the model holds a small future, not the
-                    // largest of both (thousands of loops wait at once).
-                    let asked =
-                        Box::pin(self.model.complete(&mut chat, round, ctx.request_counter()))
-                            .await;
+                    let asked = self
+                        .model
+                        .complete(&mut chat, round, ctx.request_counter())
+                        .await;
                     let (completion, endpoint) = asked.map_err(FailureKind::Model)?;
                     let label = endpoint.breaker().endpoint();
                     ctx.answered_by(endpoint.model());
@@ -198,7 +198,9 @@ impl Inner {
             };
             let calls = reply.tool_calls.unwrap_or_default();
             if calls.is_empty() {
-                Box::pin(self.memory.remember(ctx, std::mem::take(&mut pending))).await?;
+                self.memory
+                    .remember(ctx, std::mem::take(&mut pending))
+                    .await?;
                 let Some(receipt) = receipt else {
                     if nudges == limits.max_nudges {
                         return Err(FailureKind::ModelDidNotCharge);
@@ -254,7 +256,7 @@ impl Inner {
                             entries.extend(self.memory.tool(ctx, step, &call, content));
                             entries
                         };
-                        let output = Box::pin(self.tools.dispatch(ctx, &call, entries)).await?;
+                        let output = self.tools.dispatch(ctx, &call, entries).await?;
                         if !output.journaled {
                             pending.extend(self.memory.tool(
                                 ctx,
@@ -262,7 +264,8 @@ impl Inner {
                                 &call,
                                 output.content.clone(),
                             ));
-                            Box::pin(self.memory.remember(ctx, std::mem::take(&mut pending)))
+                            self.memory
+                                .remember(ctx, std::mem::take(&mut pending))
                                 .await?;
                         }
                         pending.clear();

@@ -188,10 +188,15 @@ impl ToolBox {
         };
         let email = ctx.email().expect("offered only with an address");
         let key = ctx.journal_key();
-        let queued = self
-            .outbox
-            .queue_confirmation(&key.caller, &key.operation_key, email, &receipt)
-            .await?;
+        // Boxed, as the provider's path is: a large future for a tool most checkouts
+        // are not offered.
+        let queued = Box::pin(self.outbox.queue_confirmation(
+            &key.caller,
+            &key.operation_key,
+            email,
+            &receipt,
+        ))
+        .await?;
         tracing::info!(target: genai::TARGET, order = %receipt.order_id, message_id = %queued.message_id, status = %queued.status, "send_confirmation tool: the confirmation is in the outbox");
         Ok(ToolOutput {
             content: json!({

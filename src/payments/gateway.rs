@@ -118,9 +118,9 @@ impl PaymentGateway {
     ) -> Result<Charged, ChargeError> {
         if let Some(provider) = &self.provider {
             let method = charge.method().ok_or(ChargeError::NoPaymentMethod)?;
-            return self
-                .charge_provider(provider, charge, method, journal)
-                .await;
+            // Boxed: the provider's HTTP calls make its future large, and the ledger's
+            // path (the default) would carry that size in every checkout.
+            return Box::pin(self.charge_provider(provider, charge, method, journal)).await;
         }
         let outcome = self
             .receipts
