@@ -2,6 +2,9 @@
 //! finished answer, refuse a key reused for another request or still running, or run the
 //! work under a lease. Knows nothing of what the work is; a handler hands it a future.
 
+use std::panic::AssertUnwindSafe;
+use std::pin::Pin;
+use std::task::{Context, Poll};
 use std::time::Duration;
 
 use axum::extract::FromRequestParts;
@@ -207,19 +210,60 @@ where
     }
 }
 
-/// Runs the work in a task of its own, so that it finishes (and its answer is saved)
-/// even when the client goes away or the server timeout gives up on the connection.
+/// Runs the work to its end, and its answer saved, even when the client goes away or the
+/// server timeout gives up on the connection: the request polls it while it waits for
+/// it, and hands it to a task of its own only if the request is dropped first. A task per
+/// checkout, spawned and joined, had cost each one a wake-up of the other worker thread.
 ///
-/// Not an `async fn`: the work is spawned at the call, so the caller's future holds the
-/// task's handle while it waits, not a second, unused room the size of the work.
-pub fn detached(
-    work: impl Future<Output = HttpAnswer> + Send + 'static,
-) -> impl Future<Output = HttpAnswer> + Send {
-    let task = tokio::spawn(work.in_current_span());
-    async move {
-        match task.await {
-            Ok(answer) => answer,
-            Err(err) => Problem::new(Code::Unavailable, format!("the task failed: {err}")).answer(),
+/// A panic in the work is answered 503, as a failed task was.
+pub fn detached(work: impl Future<Output = HttpAnswer> + Send + 'static) -> Detached {
+    Detached {
+        work: Some(Box::pin(work)),
+        span: tracing::Span::current(),
+    }
+}
+
+/// The work of [`detached`]: see there.
+pub struct Detached {
+    /// `None` once it has answered.
+    work: Option<BoxFuture<'static, HttpAnswer>>,
+    /// The request's span, for the work's lines if it outlives the request.
+    span: tracing::Span,
+}
+
+impl Future for Detached {
+    type Output = HttpAnswer;
+
+    fn poll(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<HttpAnswer> {
+        let work = self.work.as_mut().expect("polled after it answered");
+        let polled = std::panic::catch_unwind(AssertUnwindSafe(|| work.as_mut().poll(cx)));
+        let answer = match polled {
+            Ok(Poll::Pending) => return Poll::Pending,
+            Ok(Poll::Ready(answer)) => answer,
+            Err(panic) => {
+                let said = panic
+                    .downcast_ref::<&str>()
+                    .copied()
+                    .or_else(|| panic.downcast_ref::<String>().map(String::as_str))
+                    .unwrap_or("a panic");
+                tracing::error!(panic = said, "the checkout's work panicked");
+                Problem::new(Code::Unavailable, format!("the task failed: {said}")).answer()
+            }
+        };
+        self.work = None;
+        Poll::Ready(answer)
+    }
+}
+
+impl Drop for Detached {
+    fn drop(&mut self) {
+        let Some(work) = self.work.take() else {
+            return;
+        };
+        // The request is gone before its work answered: the work goes on by itself.
+        if let Ok(runtime) = tokio::runtime::Handle::try_current() {
+            let span = std::mem::replace(&mut self.span, tracing::Span::none());
+            runtime.spawn(work.instrument(span));
         }
     }
 }
