@@ -247,15 +247,11 @@ impl Inner {
                     None => {
                         // The answer (if not yet journaled) and this result: committed
                         // with the tool's effect, or appended once the tool is done.
-                        let durable = self.memory.durable(ctx);
-                        let entries = |content| {
-                            if !durable {
-                                return Vec::new();
-                            }
+                        let entries = self.memory.durable(ctx).then_some(|content| {
                             let mut entries = pending.clone();
                             entries.extend(self.memory.tool(ctx, step, &call, content));
                             entries
-                        };
+                        });
                         let output = self.tools.dispatch(ctx, &call, entries).await?;
                         if !output.journaled {
                             pending.extend(self.memory.tool(

@@ -97,13 +97,14 @@ impl ToolBox {
 
     /// Runs one tool call, in its `execute_tool {name}` span. A mistake of the model's
     /// (unknown tool, bad arguments, another order or amount) comes back as an error result
-    /// for the model, and nothing is charged. `journal` makes the journal entry of a
-    /// result, for an effect to commit it with its own row.
+    /// for the model, and nothing is charged. `journal`, when the loop's steps go to the
+    /// database, makes the journal entries of a result, for an effect to commit them with
+    /// its own row.
     pub async fn dispatch(
         &self,
         ctx: &CheckoutContext,
         call: &ToolCall,
-        journal: impl FnOnce(String) -> Vec<NewEntry>,
+        journal: Option<impl FnOnce(String) -> Vec<NewEntry>>,
     ) -> Result<ToolOutput, ToolFailure> {
         let span = genai::execute_tool(&call.function.name, &call.id);
         self.run(ctx, call, journal).instrument(span).await
@@ -113,7 +114,7 @@ impl ToolBox {
         &self,
         ctx: &CheckoutContext,
         call: &ToolCall,
-        journal: impl FnOnce(String) -> Vec<NewEntry>,
+        journal: Option<impl FnOnce(String) -> Vec<NewEntry>>,
     ) -> Result<ToolOutput, ToolFailure> {
         let name = call.function.name.as_str();
         if name == SEND_CONFIRMATION && ctx.email().is_some() {
@@ -139,6 +140,9 @@ impl ToolBox {
         let charged = self
             .gateway
             .charge_journaled(&ctx.charge(), |made| {
+                let Some(journal) = journal else {
+                    return Vec::new();
+                };
                 let entries = journal(charge_result(made, false));
                 journaled = !entries.is_empty();
                 entries

@@ -135,12 +135,7 @@ impl ModelClient {
         failover: bool,
     ) -> Result<Completion, ModelError> {
         let call = ModelCall {
-            // Copied to its exact size: the body is kept for the retries while the model
-            // thinks, and serializing leaves up to half of its buffer spare (the buffer
-            // itself is a temporary, gone before the wait).
-            body: Bytes::copy_from_slice(
-                &serde_json::to_vec(request).expect("chat requests always serialize"),
-            ),
+            body: body(request),
             round,
             attempt: 1,
             sent,
@@ -167,6 +162,15 @@ impl ModelClient {
             usage: response.usage,
         })
     }
+}
+
+/// The request's JSON, written into a buffer of a chat's usual size (not grown from empty,
+/// a reallocation per doubling), then shrunk to its exact size in place: the body is kept
+/// for the retries while the model thinks.
+fn body(request: &ChatRequest) -> Bytes {
+    let mut body = Vec::with_capacity(4096);
+    serde_json::to_writer(&mut body, request).expect("chat requests always serialize");
+    Bytes::from(body.into_boxed_slice())
 }
 
 /// One round's answer.

@@ -196,18 +196,27 @@ impl Money {
     }
 
     /// The amount as a decimal string with exactly the currency's minor digits: `42.50`.
+    /// Written from the digits of the minor units (always positive), not through `format!`:
+    /// every checkout writes a few.
     pub fn decimal(&self) -> String {
+        let mut buffer = itoa::Buffer::new();
+        let digits = buffer.format(self.minor);
         let exponent = usize::from(self.currency.exponent);
-        if exponent == 0 {
-            return self.minor.to_string();
+        let mut text = String::with_capacity(digits.len() + exponent + 2);
+        if digits.len() <= exponent {
+            // Less than one whole unit: `0.05`.
+            text.push_str("0.");
+            text.extend(std::iter::repeat_n('0', exponent - digits.len()));
+            text.push_str(digits);
+        } else {
+            let (whole, fraction) = digits.split_at(digits.len() - exponent);
+            text.push_str(whole);
+            if exponent > 0 {
+                text.push('.');
+                text.push_str(fraction);
+            }
         }
-        let scale = self.currency.scale();
-        format!(
-            "{}.{:0exponent$}",
-            self.minor / scale,
-            self.minor % scale,
-            exponent = exponent
-        )
+        text
     }
 }
 
@@ -273,6 +282,8 @@ mod tests {
     fn decimal_renders_every_minor_digit() {
         assert_eq!(usd("42.5").unwrap().decimal(), "42.50");
         assert_eq!(usd("0.05").unwrap().decimal(), "0.05");
+        assert_eq!(usd("0.5").unwrap().decimal(), "0.50");
+        assert_eq!(usd("1000000").unwrap().decimal(), "1000000.00");
         let jpy = Currency::parse("jpy").unwrap();
         assert_eq!(Money::parse("1500", jpy).unwrap().decimal(), "1500");
         let kwd = Currency::parse("KWD").unwrap();
