@@ -583,3 +583,30 @@ async fn the_model_is_asked_over_http1_by_default() {
     assert_eq!(h.model.requests(), 2);
     assert_eq!(h.model.requests_over_http2(), 0);
 }
+
+/// A client that goes away leaves its checkout running to its end: the request's future
+/// is dropped, and the work it was polling goes on in a task of its own (seen failing
+/// without that hand-over: no receipt after 5 s).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_checkout_whose_client_goes_away_runs_on_to_its_one_charge() {
+    // Each answer takes 300 ms; the client gives up after 100 ms, in the first round.
+    let h = Harness::with(Backend::Sqlite, "slow=300", |_| {}).await;
+    let sent = h
+        .http
+        .post(h.url("/checkout?orderId=GONE-1&amount=5"))
+        .send();
+    let gone = tokio::time::timeout(std::time::Duration::from_millis(100), sent).await;
+    assert!(gone.is_err(), "the client gave up before the answer");
+    let mut receipts = 0;
+    for _ in 0..50 {
+        receipts = h.db.receipts("GONE-1").await;
+        if receipts == 1 && h.model.requests() == 2 {
+            break;
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+    }
+    assert_eq!(receipts, 1);
+    assert_eq!(h.model.requests(), 2);
+    let receipt = h.get("/receipts/GONE-1").await;
+    assert_eq!(receipt.json()["amount"], "5.00", "{}", receipt.text());
+}
