@@ -168,7 +168,7 @@ impl ModelClient {
 /// a reallocation per doubling), then shrunk to its exact size in place: the body is kept
 /// for the retries while the model thinks.
 fn body(request: &ChatRequest) -> Bytes {
-    let mut body = Vec::with_capacity(4096);
+    let mut body = Vec::with_capacity(2048);
     serde_json::to_writer(&mut body, request).expect("chat requests always serialize");
     Bytes::from(body.into_boxed_slice())
 }
