@@ -8,7 +8,7 @@ use std::task::{Context, Poll};
 use std::time::{Duration, SystemTime};
 
 use bytes::Bytes;
-use reqwest::header::{CONTENT_TYPE, HeaderMap, RETRY_AFTER};
+use reqwest::header::{CONTENT_TYPE, HeaderMap, HeaderValue, RETRY_AFTER};
 use tower::util::BoxCloneSyncService;
 use tower::{BoxError, Service, ServiceBuilder, ServiceExt};
 
@@ -222,7 +222,7 @@ impl Endpoint {
         let turn = self.next.fetch_add(1, Ordering::Relaxed) % self.http.len();
         let mut request = self.http[turn]
             .post(self.url.clone())
-            .header(CONTENT_TYPE, "application/json")
+            .header(CONTENT_TYPE, HeaderValue::from_static("application/json"))
             .headers(headers)
             .body(call.body);
         if let Some(key) = &self.api_key {

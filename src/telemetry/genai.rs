@@ -86,6 +86,9 @@ pub fn execute_tool(name: &str, call_id: &str) -> Span {
 
 /// Adds `traceparent` (W3C Trace Context) for the current span, when traces are exported.
 pub fn inject_traceparent(headers: &mut HeaderMap) {
+    if !super::exporting() {
+        return;
+    }
     let cx = Span::current().context();
     opentelemetry::global::get_text_map_propagator(|propagator| {
         propagator.inject_context(&cx, &mut Headers(headers))

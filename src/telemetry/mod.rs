@@ -74,10 +74,17 @@ fn install(format: LogFormat, export: Option<&TraceExport>) {
         .is_ok()
     {
         DEBUG_LOGS.store(debug, Ordering::Relaxed);
+        EXPORTING.store(export.is_some(), Ordering::Relaxed);
     }
 }
 
 static DEBUG_LOGS: AtomicBool = AtomicBool::new(false);
+static EXPORTING: AtomicBool = AtomicBool::new(false);
+
+/// Whether traces are exported: what only a trace needs is made only then.
+pub fn exporting() -> bool {
+    EXPORTING.load(Ordering::Relaxed)
+}
 
 /// Whether the log takes debug lines from anywhere (`RUST_LOG`): what is costly to
 /// describe is described only then. False until logging starts.
