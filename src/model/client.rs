@@ -1,4 +1,5 @@
-//! The chat-completions client: request retry ─► request timeout ─► one reqwest POST.
+//! The chat-completions client: request retry ─► request timeout ─► one POST, on hyper's
+//! pooled client.
 
 use std::future::Future;
 use std::pin::Pin;
@@ -8,7 +9,14 @@ use std::task::{Context, Poll};
 use std::time::{Duration, SystemTime};
 
 use bytes::Bytes;
-use reqwest::header::{CONTENT_TYPE, HeaderMap, HeaderValue, RETRY_AFTER};
+use http_body_util::{BodyExt, Full};
+use hyper::header::{AUTHORIZATION, CONTENT_TYPE, HeaderMap, HeaderValue, RETRY_AFTER};
+use hyper::{Request, Uri};
+use hyper_rustls::HttpsConnector;
+use hyper_util::client::legacy::Client;
+use hyper_util::client::legacy::connect::HttpConnector;
+use hyper_util::rt::{TokioExecutor, TokioTimer};
+use rustls_platform_verifier::ConfigVerifierExt;
 use tower::util::BoxCloneSyncService;
 use tower::{BoxError, Service, ServiceBuilder, ServiceExt};
 
@@ -42,8 +50,8 @@ impl ModelEndpoint {
     }
 }
 
-/// HTTP/2 connections to one endpoint, its requests spread over them in turn. A reqwest
-/// client keeps one HTTP/2 connection per host and queues streams beyond the server's
+/// HTTP/2 connections to one endpoint, its requests spread over them in turn. A pooled
+/// client (hyper's, as reqwest's) keeps one HTTP/2 connection per host and queues streams beyond the server's
 /// limit on it (docs/overload.md, point 3): over several, a provider's limit of streams per
 /// connection is that many times further, a broken connection fails only its share of
 /// the requests in flight, and the framing runs on as many tasks. Over HTTP/1.1 each
@@ -69,28 +77,54 @@ impl ModelClient {
     ) -> Result<Self, BoxError> {
         // One TLS provider for the process: ring, which sqlx's rustls already brings.
         let _ = rustls::crypto::ring::default_provider().install_default();
-        // Parsed once: reqwest would otherwise parse (and IDNA-map) the URL on every send.
-        let url = reqwest::Url::parse(&format!(
+        let url = format!(
             "{}/chat/completions",
             endpoint.base_url.trim_end_matches('/')
-        ))?;
-        let client = || {
-            let mut http = reqwest::Client::builder()
-                .tcp_nodelay(true)
-                .pool_idle_timeout(Duration::from_secs(90));
-            if endpoint.h2c && url.scheme() == "http" {
-                http = http.http2_prior_knowledge();
+        );
+        let uri: Uri = url.parse()?;
+        let https = match uri.scheme_str() {
+            Some("https") => true,
+            Some("http") => false,
+            _ => {
+                return Err(
+                    format!("the model's base URL {url} is not http:// or https://").into(),
+                );
             }
-            http.build()
         };
-        let http = (0..CONNECTIONS)
-            .map(|_| client())
-            .collect::<Result<_, _>>()?;
+        let tls = rustls::ClientConfig::with_platform_verifier()?;
+        let client = || {
+            let mut tcp = HttpConnector::new();
+            tcp.set_nodelay(true);
+            tcp.enforce_http(false);
+            let connector = hyper_rustls::HttpsConnectorBuilder::new()
+                .with_tls_config(tls.clone())
+                .https_or_http()
+                .enable_http1()
+                .enable_http2()
+                .wrap_connector(tcp);
+            let mut http = Client::builder(TokioExecutor::new());
+            http.pool_idle_timeout(Duration::from_secs(90))
+                .pool_timer(TokioTimer::new())
+                .timer(TokioTimer::new());
+            if endpoint.h2c && !https {
+                http.http2_only(true);
+            }
+            http.build(connector)
+        };
+        let authorization = match &endpoint.api_key {
+            Some(key) => {
+                let mut value = HeaderValue::try_from(format!("Bearer {}", key.expose()))
+                    .map_err(|_| "the model API key is not a valid header value")?;
+                value.set_sensitive(true);
+                Some(value)
+            }
+            None => None,
+        };
         let transport = ChatTransport(Arc::new(Endpoint {
-            http,
+            http: (0..CONNECTIONS).map(|_| client()).collect(),
             next: AtomicUsize::new(0),
-            url,
-            api_key: endpoint.api_key.clone(),
+            uri,
+            authorization,
         }));
         let target = metrics.genai_target(genai::PROVIDER, &endpoint.model);
         let label = format!("{}#{position}", endpoint.model);
@@ -185,12 +219,18 @@ pub struct Completion {
 #[derive(Clone)]
 struct ChatTransport(Arc<Endpoint>);
 
+/// hyper's client (not reqwest's, which wraps it): a request is a `Uri` parsed once, with
+/// no URL to parse, map and format again on every send for a redirect policy a POST to a
+/// model does not want (a sixth of the client's instructions).
+type Http = Client<HttpsConnector<HttpConnector>, Full<Bytes>>;
+
 struct Endpoint {
     /// [`CONNECTIONS`] clients, each with its own pool.
-    http: Box<[reqwest::Client]>,
+    http: Box<[Http]>,
     next: AtomicUsize,
-    url: reqwest::Url,
-    api_key: Option<Secret>,
+    uri: Uri,
+    /// `Bearer <key>`, marked sensitive.
+    authorization: Option<HeaderValue>,
 }
 
 impl Service<ModelCall> for ChatTransport {
@@ -217,30 +257,31 @@ impl Endpoint {
             body = %String::from_utf8_lossy(&call.body),
             "model request"
         );
-        let mut headers = HeaderMap::new();
-        genai::inject_traceparent(&mut headers);
-        let turn = self.next.fetch_add(1, Ordering::Relaxed) % self.http.len();
-        let mut request = self.http[turn]
-            .post(self.url.clone())
+        let mut request = Request::post(self.uri.clone())
             .header(CONTENT_TYPE, HeaderValue::from_static("application/json"))
-            .headers(headers)
-            .body(call.body);
-        if let Some(key) = &self.api_key {
-            request = request.bearer_auth(key.expose());
+            .body(Full::new(call.body))
+            .expect("a parsed URI and static headers make a request");
+        let headers = request.headers_mut();
+        if let Some(authorization) = &self.authorization {
+            headers.insert(AUTHORIZATION, authorization.clone());
         }
-        let response = request.send().await.map_err(|err| {
+        genai::inject_traceparent(headers);
+        let turn = self.next.fetch_add(1, Ordering::Relaxed) % self.http.len();
+        let response = self.http[turn].request(request).await.map_err(|err| {
             ModelError::new(if err.is_connect() {
-                ModelErrorKind::Connect(err)
+                ModelErrorKind::Connect(err.into())
             } else {
-                ModelErrorKind::Transport(err)
+                ModelErrorKind::Transport(err.into())
             })
         })?;
         let status = response.status();
         let retry_after = retry_after(response.headers());
         let body = response
-            .bytes()
+            .into_body()
+            .collect()
             .await
-            .map_err(|err| ModelError::new(ModelErrorKind::Transport(err)))?;
+            .map_err(|err| ModelError::new(ModelErrorKind::Transport(err.into())))?
+            .to_bytes();
         tracing::debug!(
             round = call.round,
             attempt = call.attempt,
@@ -305,7 +346,6 @@ fn error_fields(status: u16, body: &[u8]) -> (Option<String>, String) {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use reqwest::header::HeaderValue;
 
     #[test]
     fn retry_after_reads_seconds_and_dates() {

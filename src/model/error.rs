@@ -10,12 +10,12 @@ pub type ModelError = Retried<ModelErrorKind>;
 
 #[derive(Debug, thiserror::Error)]
 pub enum ModelErrorKind {
-    #[error("cannot connect to the model provider: {0}")]
-    Connect(#[source] reqwest::Error),
+    #[error("cannot connect to the model provider: {}", causes(.0.as_ref()))]
+    Connect(#[source] BoxError),
     #[error("the model provider did not answer within {} ms", .0.as_millis())]
     Timeout(Duration),
-    #[error("the connection to the model provider failed: {0}")]
-    Transport(#[source] reqwest::Error),
+    #[error("the connection to the model provider failed: {}", causes(.0.as_ref()))]
+    Transport(#[source] BoxError),
     #[error("the model provider answered {status}{}: {message}", code.as_ref().map(|c| format!(" {c}")).unwrap_or_default())]
     Status {
         status: u16,
@@ -123,4 +123,20 @@ impl Unit for ModelErrorKind {
     fn foreign(err: &BoxError) -> Self {
         ModelErrorKind::Malformed(err.to_string())
     }
+}
+
+/// An error and its causes, as one line: hyper's own message (`client error (Connect)`)
+/// says little without the cause under it (`Connection refused`).
+fn causes(err: &(dyn std::error::Error + 'static)) -> String {
+    let mut line = err.to_string();
+    let mut cause = err.source();
+    while let Some(err) = cause {
+        let said = err.to_string();
+        if !line.ends_with(&said) {
+            line.push_str(": ");
+            line.push_str(&said);
+        }
+        cause = err.source();
+    }
+    line
 }
