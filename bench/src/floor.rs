@@ -13,6 +13,10 @@ use std::time::{Duration, Instant};
 
 use bytes::Bytes;
 use chrono::{SecondsFormat, SubsecRound, Utc};
+use http_body_util::{BodyExt, Full};
+use hyper_util::client::legacy::Client as HyperClient;
+use hyper_util::client::legacy::connect::HttpConnector;
+use hyper_util::rt::TokioExecutor;
 use serde::{Deserialize, Serialize};
 
 use checkout::assistant::{ToolBox, prompts};
@@ -267,16 +271,18 @@ fn print(report: &FloorReport) -> Result<(), String> {
     writeln!(stdout).map_err(|e| e.to_string())
 }
 
-/// `floor-reqwest --model BASE_URL`: pairs of bare POSTs (round 1, round 2).
+/// `floor-reqwest --model BASE_URL [--hyper]`: pairs of bare POSTs (round 1, round 2),
+/// by reqwest (the floor issue 22 set), or with `--hyper` by hyper's pooled client, which
+/// reqwest wraps and the service has used since (a reference row beside the floor).
 pub fn reqwest_main(args: &mut Args) -> Result<(), String> {
     let base = args
         .value("--model")?
         .ok_or("floor-reqwest: --model is required")?;
+    let hyper = args.flag("--hyper");
     let span = Span::parse(args)?;
     args.done()?;
     let runtime = tokio::runtime::Runtime::new().map_err(|e| e.to_string())?;
     let report = runtime.block_on(async move {
-        // Built as the service builds its model client.
         install_tls_provider();
         let client = reqwest::Client::builder()
             .tcp_nodelay(true)
@@ -285,6 +291,41 @@ pub fn reqwest_main(args: &mut Args) -> Result<(), String> {
             .map_err(|e| e.to_string())?;
         let url: Arc<str> = format!("{}/chat/completions", base.trim_end_matches('/')).into();
         let (round1, round2) = chat_bodies(&client, &url).await?;
+        if hyper {
+            let mut tcp = HttpConnector::new();
+            tcp.set_nodelay(true);
+            let client: HyperClient<_, Full<Bytes>> =
+                HyperClient::builder(TokioExecutor::new()).build(tcp);
+            let uri: hyper::Uri = url.parse().map_err(|e| format!("{url}: {e}"))?;
+            return span
+                .measure(move |_, _| {
+                    let (client, uri, bodies) = (
+                        client.clone(),
+                        uri.clone(),
+                        [&round1, &round2].map(Bytes::clone),
+                    );
+                    async move {
+                        for body in bodies {
+                            let request = hyper::Request::post(uri.clone())
+                                .header(hyper::header::CONTENT_TYPE, "application/json")
+                                .body(Full::new(body))
+                                .map_err(|e| e.to_string())?;
+                            let response =
+                                client.request(request).await.map_err(|e| e.to_string())?;
+                            if !response.status().is_success() {
+                                return Err(format!("the model answered {}", response.status()));
+                            }
+                            response
+                                .into_body()
+                                .collect()
+                                .await
+                                .map_err(|e| e.to_string())?;
+                        }
+                        Ok(())
+                    }
+                })
+                .await;
+        }
         span.measure(move |_, _| {
             let (client, url, round1, round2) =
                 (client.clone(), url.clone(), round1.clone(), round2.clone());

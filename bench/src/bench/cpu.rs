@@ -8,6 +8,7 @@ impl Bench {
         let plan = self.plan.clone();
         let (mut service, mut axum, mut pair, mut sql, mut floor, mut ratio, mut rate) =
             (vec![], vec![], vec![], vec![], vec![], vec![], vec![]);
+        let (mut hyper_pair, mut hyper_ratio) = (vec![], vec![]);
         let mut runs = Vec::new();
         for run in 1..=plan.cpu_runs {
             let model = child::model(&self.env, "model-instant", 0, "")?;
@@ -40,6 +41,12 @@ impl Bench {
                 "floor-reqwest",
                 &span(&["floor-reqwest", "--model", &model.url]),
             )?;
+            // A reference beside the floor: the pair by hyper's client, the service's.
+            let hyper: FloorReport = child::run_json(
+                &self.env,
+                "floor-hyper",
+                &span(&["floor-reqwest", "--model", &model.url, "--hyper"]),
+            )?;
             model.stop();
             let statement: FloorReport = child::run_json(
                 &self.env,
@@ -56,15 +63,17 @@ impl Bench {
             let a = ms(axum_cpu) * 1000.0 / axum_load.ok as f64;
             let p = reqwest.cpu_per_op_us();
             let q = statement.cpu_per_op_us();
+            let h = hyper.cpu_per_op_us();
             self.note(&format!(
-                "cpu {} run {run}: service {s:.1} us/checkout ({} checkouts, {:.0}/s, p50 {:.2} ms, p99 {:.2} ms); floor: axum {a:.1} + 2 POSTs {p:.1} + sql {q:.1} = {:.1} us; ratio {:.2}",
+                "cpu {} run {run}: service {s:.1} us/checkout ({} checkouts, {:.0}/s, p50 {:.2} ms, p99 {:.2} ms); floor: axum {a:.1} + 2 POSTs {p:.1} + sql {q:.1} = {:.1} us; ratio {:.2} (2 hyper POSTs {h:.1}: ratio {:.2})",
                 db.name,
                 svc_load.ok,
                 svc_load.ok as f64 / svc_load.wall_ms * 1000.0,
                 svc_load.latency.p50,
                 svc_load.latency.p99,
                 a + p + q,
-                s / (a + p + q)
+                s / (a + p + q),
+                s / (a + h + q)
             ));
             service.push(s);
             axum.push(a);
@@ -72,11 +81,14 @@ impl Bench {
             sql.push(q);
             floor.push(a + p + q);
             ratio.push(s / (a + p + q));
+            hyper_pair.push(h);
+            hyper_ratio.push(s / (a + h + q));
             rate.push(svc_load.ok as f64 / svc_load.wall_ms * 1000.0);
             runs.push(json!({
                 "service": {"load": svc_load, "cpu_ms": ms(svc_cpu)},
                 "axum": {"load": axum_load, "cpu_ms": ms(axum_cpu)},
                 "reqwest_pairs": reqwest,
+                "hyper_pairs": hyper,
                 "sql_statements": statement,
             }));
         }
@@ -89,6 +101,14 @@ impl Bench {
             Metric::new(1, "floor, total", d, "us", floor),
             Metric::new(1, "ratio service / floor", d, "x", ratio).target(Target::AtMost(1.3)),
             Metric::new(1, "checkouts/s at 64 (instant model)", d, "1/s", rate),
+            Metric::new(1, "reference: 2 bare hyper POSTs", d, "us", hyper_pair),
+            Metric::new(
+                1,
+                "reference: ratio with the hyper pair",
+                d,
+                "x",
+                hyper_ratio,
+            ),
         ]);
         self.details.insert(format!("cpu/{d}"), json!(runs));
         Ok(())
