@@ -16,7 +16,6 @@ use outcome::{failure, paid_anyway, success};
 
 use axum::extract::{Extension, State};
 use axum::response::{IntoResponse, Response};
-use futures_util::future::BoxFuture;
 
 use crate::assistant::CheckoutContext;
 use crate::caller::Caller;
@@ -55,82 +54,65 @@ use crate::payments::{OperationKey, Order};
         CheckoutErrors,
     )
 )]
-pub fn checkout(
+pub async fn checkout(
     State(app): State<AppState>,
     caller: Option<Extension<Caller>>,
     format: Format,
     IdempotencyKey(client_key): IdempotencyKey,
     Params(mut query): Params<CheckoutQuery>,
     JsonBody(mut body): JsonBody<CheckoutBody>,
-) -> impl Future<Output = Response> + Send {
-    // Not an `async fn`: its arguments would stay in its future for the whole checkout
-    // after they are read, and thousands of checkouts wait at once. What is read and
-    // decided here is done before the first poll; the future holds only what runs.
-    let started = 'started: {
-        let needs_method = app.gateway().needs_payment_method();
-        let email = recipient(query.email.take(), body.email.take());
-        let checked = order(
-            query,
-            body,
-            app.settings().payments.max_amount,
-            needs_method,
-        )
-        .and_then(|order| Ok((order, email?)));
-        let (order, email) = match checked {
-            Ok(checked) => checked,
-            Err(problem) => {
-                app.metrics().checkout(Code::InvalidRequest.as_str());
-                break 'started Started::Answered(problem.into_response());
+) -> Response {
+    let needs_method = app.gateway().needs_payment_method();
+    let email = recipient(query.email.take(), body.email.take());
+    let checked = order(
+        query,
+        body,
+        app.settings().payments.max_amount,
+        needs_method,
+    )
+    .and_then(|order| Ok((order, email?)));
+    let (order, email) = match checked {
+        Ok(checked) => checked,
+        Err(problem) => {
+            app.metrics().checkout(Code::InvalidRequest.as_str());
+            return problem.into_response();
+        }
+    };
+    match client_key {
+        Some(key) => {
+            let caller = caller.map(|Extension(c)| c.0).unwrap_or_default();
+            let mut fingerprint = Fingerprint::of_checkout(&order).with_email(email.as_ref());
+            if format == Format::Text {
+                // Kept with the request for the recovery sweep; not part of its identity.
+                fingerprint = fingerprint.noting("accept", "text/plain");
             }
-        };
-        let Some(key) = client_key else {
+            let work = {
+                let (app, key, caller) = (app.clone(), key.clone(), caller.clone());
+                move |lease: &Lease, slot: Slot| {
+                    let fence = Some(lease.fence);
+                    async move {
+                        let _slot = slot;
+                        run(&app, order, email, key, &caller, fence, format).await
+                    }
+                }
+            };
+            // Boxed, like the failure path: a handler future is as large as its largest
+            // branch, and thousands of checkouts wait at once.
+            Box::pin(idempotent::once(&app, &caller, &key, &fingerprint, work)).await
+        }
+        None => {
             let Some(slot) = app.admission().try_admit() else {
-                break 'started Started::Answered(app.admission().refusal().into_response());
+                return app.admission().refusal().into_response();
             };
             let operation_key = OperationKey::mint();
-            break 'started Started::Keyless(idempotent::detached(async move {
+            idempotent::detached(async move {
                 let _slot = slot;
                 run(&app, order, email, operation_key, "", None, format).await
-            }));
-        };
-        let caller = caller.map(|Extension(c)| c.0).unwrap_or_default();
-        let mut fingerprint = Fingerprint::of_checkout(&order).with_email(email.as_ref());
-        if format == Format::Text {
-            // Kept with the request for the recovery sweep; not part of its identity.
-            fingerprint = fingerprint.noting("accept", "text/plain");
-        }
-        let work = {
-            let (app, key, caller) = (app.clone(), key.clone(), caller.clone());
-            move |lease: &Lease, slot: Slot| {
-                let fence = Some(lease.fence);
-                async move {
-                    let _slot = slot;
-                    run(&app, order, email, key, &caller, fence, format).await
-                }
-            }
-        };
-        // Boxed, like the failure path: a future is as large as its largest branch.
-        Started::Keyed(Box::pin(async move {
-            idempotent::once(&app, &caller, &key, &fingerprint, work).await
-        }))
-    };
-    async move {
-        match started {
-            Started::Answered(response) => response,
-            Started::Keyed(work) => work.await,
-            Started::Keyless(work) => work.await.into_response(),
+            })
+            .await
+            .into_response()
         }
     }
-}
-
-/// What the handler decided before its future is first polled.
-enum Started {
-    /// Refused, or invalid: the answer is ready.
-    Answered(Response),
-    /// Under its Idempotency-Key.
-    Keyed(BoxFuture<'static, Response>),
-    /// Without a key: the work, run to its end even if the client goes away.
-    Keyless(idempotent::Detached),
 }
 
 /// Runs one checkout to its answer. Everything retried happens inside `assistant`. The
