@@ -11,7 +11,7 @@ use crate::outbox::MailTransport;
 
 /// Memory one waiting loop holds over HTTP/2, measured (benchmark figure 2, docs/benchmark.md):
 /// what the bound on loops stands for.
-const BYTES_PER_LOOP: usize = 24 * 1000;
+const BYTES_PER_LOOP: usize = 21 * 1000;
 
 /// The start-up lines of the layers in front of the resilience chain: the descriptor
 /// limit, the rate limit per caller, admission, and the connections.
@@ -76,9 +76,10 @@ pub(super) fn overload(
     tracing::info!(
         layer = "admission",
         max_in_flight = bounds.max_in_flight,
-        "in front of the resilience chain: [admission] at most {} checkout loops at once (clients' checkouts and the recovery sweep's resumes), ~{} MB at ~24 KB per loop; one more is answered 503 overloaded with Retry-After before anything is written, its Idempotency-Key still usable; replays, receipts, health and metrics are served when full{lowered}",
+        "in front of the resilience chain: [admission] at most {} checkout loops at once (clients' checkouts and the recovery sweep's resumes), ~{} MB at ~{} KB per loop; one more is answered 503 overloaded with Retry-After before anything is written, its Idempotency-Key still usable; replays, receipts, health and metrics are served when full{lowered}",
         bounds.max_in_flight,
-        bounds.max_in_flight * BYTES_PER_LOOP / 1_000_000
+        bounds.max_in_flight * BYTES_PER_LOOP / 1_000_000,
+        BYTES_PER_LOOP / 1000
     );
     tracing::info!(
         max_connections = bounds.max_connections,
