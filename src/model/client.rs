@@ -51,11 +51,11 @@ impl ModelEndpoint {
 }
 
 /// HTTP/2 connections to one endpoint, its requests spread over them in turn. A pooled
-/// client (hyper's, as reqwest's) keeps one HTTP/2 connection per host and queues streams beyond the server's
-/// limit on it (docs/overload.md, point 3): over several, a provider's limit of streams per
-/// connection is that many times further, a broken connection fails only its share of
-/// the requests in flight, and the framing runs on as many tasks. Over HTTP/1.1 each
-/// request holds a connection of its own anyway.
+/// client (hyper's, as reqwest's) keeps one HTTP/2 connection per host and queues streams
+/// beyond the server's limit on it (docs/overload.md, point 3): over several, a provider's
+/// limit of streams per connection is that many times further, a broken connection fails
+/// only its share of the requests in flight, and the framing runs on as many tasks. Over
+/// HTTP/1.1 each request holds a connection of its own anyway.
 pub const CONNECTIONS: usize = 4;
 
 #[derive(Clone)]
@@ -220,8 +220,9 @@ pub struct Completion {
 struct ChatTransport(Arc<Endpoint>);
 
 /// hyper's client (not reqwest's, which wraps it): a request is a `Uri` parsed once, with
-/// no URL to parse, map and format again on every send for a redirect policy a POST to a
-/// model does not want (a sixth of the client's instructions).
+/// no URL to parse, map and format again on every send for a redirect policy and a retry
+/// policy a POST to a model does not want (reqwest's layers cost a keyless checkout some
+/// 66,000 of its 378,000 instructions: docs/benchmark.md, figure 7).
 type Http = Client<HttpsConnector<HttpConnector>, Full<Bytes>>;
 
 struct Endpoint {
