@@ -428,27 +428,13 @@ async fn connection(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use std::sync::Mutex as StdMutex;
-
-    /// The log lines written while `f` runs, as text.
-    struct Lines(Arc<StdMutex<Vec<u8>>>);
-
-    impl std::io::Write for Lines {
-        fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
-            self.0.lock().unwrap().extend_from_slice(buf);
-            Ok(buf.len())
-        }
-        fn flush(&mut self) -> std::io::Result<()> {
-            Ok(())
-        }
-    }
+    use crate::telemetry::testing::CapturedLogs;
 
     #[tokio::test]
     async fn running_out_of_descriptors_is_said_once_until_accepting_works_again() {
-        let written = Arc::new(StdMutex::new(Vec::new()));
-        let sink = written.clone();
+        let written = CapturedLogs::default();
         let subscriber = tracing_subscriber::fmt()
-            .with_writer(move || Lines(sink.clone()))
+            .with_writer(written.clone())
             .with_ansi(false)
             .finish();
         let _guard = tracing::subscriber::set_default(subscriber);
@@ -458,7 +444,7 @@ mod tests {
         for _ in 0..10 {
             refused_accept(&emfile, &mut out_of_descriptors).await;
         }
-        let text = String::from_utf8(written.lock().unwrap().clone()).unwrap();
+        let text = written.text();
         assert_eq!(text.matches("no descriptor is free").count(), 1, "{text}");
         assert!(out_of_descriptors);
     }

@@ -120,32 +120,10 @@ impl Visit for Plain<'_> {
 
 #[cfg(test)]
 mod tests {
-    use std::sync::{Arc, Mutex};
-
-    use tracing_subscriber::fmt::MakeWriter;
     use tracing_subscriber::fmt::format::DefaultFields;
 
     use super::*;
-
-    #[derive(Clone, Default)]
-    struct Lines(Arc<Mutex<Vec<u8>>>);
-
-    impl std::io::Write for Lines {
-        fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
-            self.0.lock().unwrap().extend_from_slice(buf);
-            Ok(buf.len())
-        }
-        fn flush(&mut self) -> std::io::Result<()> {
-            Ok(())
-        }
-    }
-
-    impl<'a> MakeWriter<'a> for Lines {
-        type Writer = Lines;
-        fn make_writer(&'a self) -> Lines {
-            self.clone()
-        }
-    }
+    use crate::telemetry::testing::CapturedLogs;
 
     /// Log lines of every kind of field, in a span with fields recorded late.
     fn log_lines() {
@@ -185,7 +163,7 @@ mod tests {
     where
         N: for<'w> FormatFields<'w> + Send + Sync + 'static,
     {
-        let lines = Lines::default();
+        let lines = CapturedLogs::default();
         let subscriber = tracing_subscriber::fmt()
             .with_writer(lines.clone())
             .with_ansi(false)
@@ -193,7 +171,7 @@ mod tests {
             .fmt_fields(fields)
             .finish();
         tracing::subscriber::with_default(subscriber, log_lines);
-        String::from_utf8(lines.0.lock().unwrap().clone()).unwrap()
+        lines.text()
     }
 
     #[test]

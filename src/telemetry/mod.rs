@@ -11,6 +11,8 @@
 mod fields;
 pub mod genai;
 mod otlp;
+#[cfg(test)]
+pub(crate) mod testing;
 
 use std::sync::atomic::{AtomicBool, Ordering};
 
@@ -67,7 +69,7 @@ fn install(format: LogFormat, export: Option<&TraceExport>) {
         .chain(export.map(TraceExport::layer))
         .collect();
     // A second init (tests building several apps in one process) keeps the first, and
-    // what it said of debug lines.
+    // what it said of debug lines and of trace export.
     if tracing_subscriber::registry()
         .with(layers)
         .try_init()
