@@ -1,5 +1,5 @@
 //! The chat-completions client: request retry ─► request timeout ─► one POST, on hyper's
-//! pooled client.
+//! pooled client, or as a stream on a kept HTTP/2 connection to an h2c server (`h2c.rs`).
 
 use std::future::Future;
 use std::pin::Pin;
@@ -11,7 +11,7 @@ use std::time::{Duration, SystemTime};
 use bytes::Bytes;
 use http_body_util::{BodyExt, Full};
 use hyper::header::{AUTHORIZATION, CONTENT_TYPE, HeaderMap, HeaderValue, RETRY_AFTER};
-use hyper::{Request, Uri};
+use hyper::{Request, Response, Uri};
 use hyper_rustls::HttpsConnector;
 use hyper_util::client::legacy::Client;
 use hyper_util::client::legacy::connect::HttpConnector;
@@ -23,6 +23,7 @@ use tower::{BoxError, Service, ServiceBuilder, ServiceExt};
 use super::breaker::{Breaker, BreakerLayer, BreakerSettings};
 use super::call::ModelCall;
 use super::error::{ModelError, ModelErrorKind};
+use super::h2c::H2c;
 use super::observe::ObserveLayer;
 use super::retry::{RequestRetry, RequestRetrySettings};
 use super::wire::{AssistantMessage, ChatRequest, ChatResponse, TokenUsage};
@@ -50,12 +51,13 @@ impl ModelEndpoint {
     }
 }
 
-/// HTTP/2 connections to one endpoint, its requests spread over them in turn. A pooled
-/// client (hyper's, as reqwest's) keeps one HTTP/2 connection per host and queues streams
-/// beyond the server's limit on it (docs/overload.md, point 3): over several, a provider's
-/// limit of streams per connection is that many times further, a broken connection fails
-/// only its share of the requests in flight, and the framing runs on as many tasks. Over
-/// HTTP/1.1 each request holds a connection of its own anyway.
+/// HTTP/2 connections to one endpoint, its requests spread over them in turn (over
+/// `https://`, one pooled client each: hyper's, as reqwest's, keeps one HTTP/2 connection
+/// per host and queues streams beyond the server's limit on it, docs/overload.md, point
+/// 3). Over several, a provider's limit of streams per connection is that many times
+/// further, a broken connection fails only its share of the requests in flight, and the
+/// framing runs on as many tasks. Over HTTP/1.1 each request holds a connection of its
+/// own anyway.
 pub const CONNECTIONS: usize = 4;
 
 #[derive(Clone)]
@@ -106,9 +108,6 @@ impl ModelClient {
             http.pool_idle_timeout(Duration::from_secs(90))
                 .pool_timer(TokioTimer::new())
                 .timer(TokioTimer::new());
-            if endpoint.h2c && !https {
-                http.http2_only(true);
-            }
             http.build(connector)
         };
         let authorization = match &endpoint.api_key {
@@ -120,9 +119,18 @@ impl ModelClient {
             }
             None => None,
         };
+        let wire = match uri.authority() {
+            Some(authority) if endpoint.h2c && !https => {
+                let port = authority.port_u16().unwrap_or(80);
+                Wire::H2c(H2c::new(format!("{}:{port}", authority.host())))
+            }
+            _ => Wire::Pooled {
+                clients: (0..CONNECTIONS).map(|_| client()).collect(),
+                next: AtomicUsize::new(0),
+            },
+        };
         let transport = ChatTransport(Arc::new(Endpoint {
-            http: (0..CONNECTIONS).map(|_| client()).collect(),
-            next: AtomicUsize::new(0),
+            wire,
             uri,
             authorization,
         }));
@@ -226,12 +234,21 @@ struct ChatTransport(Arc<Endpoint>);
 type Http = Client<HttpsConnector<HttpConnector>, Full<Bytes>>;
 
 struct Endpoint {
-    /// [`CONNECTIONS`] clients, each with its own pool.
-    http: Box<[Http]>,
-    next: AtomicUsize,
+    wire: Wire,
     uri: Uri,
     /// `Bearer <key>`, marked sensitive.
     authorization: Option<HeaderValue>,
+}
+
+enum Wire {
+    /// HTTP/2 by prior knowledge, on the `h2` crate (`h2c.rs`).
+    H2c(H2c),
+    /// HTTP/1.1, or over `https://` what ALPN picks: [`CONNECTIONS`] clients, each with
+    /// its own pool, taken in turn.
+    Pooled {
+        clients: Box<[Http]>,
+        next: AtomicUsize,
+    },
 }
 
 impl Service<ModelCall> for ChatTransport {
@@ -258,31 +275,28 @@ impl Endpoint {
             body = %String::from_utf8_lossy(&call.body),
             "model request"
         );
-        let mut request = Request::post(self.uri.clone())
-            .header(CONTENT_TYPE, HeaderValue::from_static("application/json"))
-            .body(Full::new(call.body))
-            .expect("a parsed URI and static headers make a request");
-        let headers = request.headers_mut();
-        if let Some(authorization) = &self.authorization {
-            headers.insert(AUTHORIZATION, authorization.clone());
-        }
-        genai::inject_traceparent(headers);
-        let turn = self.next.fetch_add(1, Ordering::Relaxed) % self.http.len();
-        let response = self.http[turn].request(request).await.map_err(|err| {
-            ModelError::new(if err.is_connect() {
-                ModelErrorKind::Connect(err.into())
-            } else {
-                ModelErrorKind::Transport(err.into())
-            })
-        })?;
+        let head = || {
+            let mut request = Request::post(self.uri.clone())
+                .header(CONTENT_TYPE, HeaderValue::from_static("application/json"))
+                .body(())
+                .expect("a parsed URI and static headers make a request");
+            let headers = request.headers_mut();
+            if let Some(authorization) = &self.authorization {
+                headers.insert(AUTHORIZATION, authorization.clone());
+            }
+            genai::inject_traceparent(headers);
+            request
+        };
+        let response = match &self.wire {
+            Wire::H2c(h2c) => h2c.send(head, call.body).await?,
+            Wire::Pooled { clients, next } => {
+                let turn = next.fetch_add(1, Ordering::Relaxed) % clients.len();
+                pooled(&clients[turn], head().map(|()| Full::new(call.body))).await?
+            }
+        };
         let status = response.status();
         let retry_after = retry_after(response.headers());
-        let body = response
-            .into_body()
-            .collect()
-            .await
-            .map_err(|err| ModelError::new(ModelErrorKind::Transport(err.into())))?
-            .to_bytes();
+        let body = response.into_body();
         tracing::debug!(
             round = call.round,
             attempt = call.attempt,
@@ -305,6 +319,27 @@ impl Endpoint {
             .and_then(|text| serde_json::from_str(text).map_err(|err| err.to_string()))
             .map_err(|err| ModelError::new(ModelErrorKind::Malformed(err)))
     }
+}
+
+/// One request on hyper's pooled client, and its whole answer.
+async fn pooled(http: &Http, request: Request<Full<Bytes>>) -> Result<Response<Bytes>, ModelError> {
+    let (head, body) = http
+        .request(request)
+        .await
+        .map_err(|err| {
+            ModelError::new(if err.is_connect() {
+                ModelErrorKind::Connect(err.into())
+            } else {
+                ModelErrorKind::Transport(err.into())
+            })
+        })?
+        .into_parts();
+    let body = body
+        .collect()
+        .await
+        .map_err(|err| ModelError::new(ModelErrorKind::Transport(err.into())))?
+        .to_bytes();
+    Ok(Response::from_parts(head, body))
 }
 
 /// `Retry-After` as delay-seconds or an HTTP date.

@@ -1,7 +1,8 @@
 //! POST /checkout through real HTTP, with the scripted model on loopback: the happy path,
 //! the repeated charge, the amount conflict, validation, receipts, health, concurrency.
 
-use crate::common::{Backend, Harness, Reply};
+use crate::common::proxy::Proxy;
+use crate::common::{Backend, Harness, Reply, TestDb, scripted, test_settings};
 use checkout::model::client::CONNECTIONS;
 use serde_json::Value;
 
@@ -572,6 +573,34 @@ async fn model_requests_over_http2_take_turns_on_four_kept_connections() {
     assert_eq!(h.model.requests_over_http2(), 8);
     assert_eq!(CONNECTIONS, 4);
     assert_eq!(h.model.connections(), 4);
+}
+
+/// A model connection over h2c that closes (the model server restarted) is made again
+/// for the next request, which goes out once: four checkouts make the four connections,
+/// the proxy in front of the model cuts them, and four more checkouts make four new ones,
+/// two requests each (seen failing with connections never made again: 502 after the cut).
+#[tokio::test]
+async fn model_connections_over_http2_that_close_are_made_again() {
+    let db = TestDb::new(Backend::Sqlite).await;
+    let model = scripted("").await;
+    let proxy = Proxy::start(model.addr()).await;
+    let mut settings = test_settings(&db, &model);
+    settings.model.base_url = Some(format!("http://{}/v1", proxy.addr));
+    settings.model.h2c = true;
+    let h = Harness::serve(db, model, settings).await;
+    for i in 1..=8 {
+        if i == 5 {
+            assert_eq!(h.model.connections(), 4);
+            proxy.down();
+            tokio::time::sleep(std::time::Duration::from_millis(200)).await;
+            proxy.up();
+        }
+        let reply = h.checkout(&format!("H2R-{i}"), "1.00").await;
+        assert_eq!(reply.status, 200, "{}", reply.text());
+        assert_eq!(reply.json()["usage"]["modelRequests"], 2);
+    }
+    assert_eq!(h.model.requests_over_http2(), 16);
+    assert_eq!(h.model.connections(), 8);
 }
 
 /// Without CHECKOUT_MODEL_H2C a plain http:// model is spoken to in HTTP/1.1, which every
