@@ -2,16 +2,28 @@
 //! The resilience chain is numbered outermost first, each layer with its unit and numbers.
 
 use crate::caller::{self, AuthMode};
-use crate::config::Settings;
+use crate::config::{ModelSource, Settings};
 use crate::db::Database;
 use crate::http::ModelInfo;
 use crate::http::serve::{ASSUMED_DESCRIPTORS, Bounds, Descriptors};
 use crate::model::ModelChain;
 use crate::outbox::MailTransport;
 
-/// Memory one waiting loop holds over HTTP/2, measured (benchmark figure 2, docs/benchmark.md):
-/// what the bound on loops stands for.
-const BYTES_PER_LOOP: usize = 21 * 1000;
+/// Memory one waiting loop holds, measured (benchmark figure 2, docs/benchmark.md): what
+/// the bound on loops stands for. Over h2c the model requests are streams of the h2
+/// crate's own, 14 KB a loop (3103fa4); to an `https://` provider they go through hyper's
+/// pooled HTTP/2 client, 21 KB (h2c through it at 419d942); over HTTP/1.1, a connection
+/// each way, 53 KB (3268ec3).
+fn bytes_per_loop(settings: &Settings, bounds: &Bounds) -> usize {
+    let https = matches!(settings.model_source(), ModelSource::Remote(e) if e.base_url.starts_with("https://"));
+    if bounds.per_loop > 1 {
+        53 * 1000
+    } else if settings.model.h2c && !https {
+        14 * 1000
+    } else {
+        21 * 1000
+    }
+}
 
 /// The start-up lines of the layers in front of the resilience chain: the descriptor
 /// limit, the rate limit per caller, admission, and the connections.
@@ -78,8 +90,8 @@ pub(super) fn overload(
         max_in_flight = bounds.max_in_flight,
         "in front of the resilience chain: [admission] at most {} checkout loops at once (clients' checkouts and the recovery sweep's resumes), ~{} MB at ~{} KB per loop; one more is answered 503 overloaded with Retry-After before anything is written, its Idempotency-Key still usable; replays, receipts, health and metrics are served when full{lowered}",
         bounds.max_in_flight,
-        bounds.max_in_flight * BYTES_PER_LOOP / 1_000_000,
-        BYTES_PER_LOOP / 1000
+        bounds.max_in_flight * bytes_per_loop(settings, bounds) / 1_000_000,
+        bytes_per_loop(settings, bounds) / 1000
     );
     tracing::info!(
         max_connections = bounds.max_connections,

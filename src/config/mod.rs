@@ -169,9 +169,10 @@ pub struct OverloadSettings {
     pub max_connections: usize,
 }
 
-/// The default bound on loops: 10,000 x ~21 KB per waiting loop over HTTP/2 (benchmark
-/// figure 2, docs/benchmark.md) ~= 210 MB over the base, 213 to 218 MiB resident in all
-/// as measured at 10,000 in flight (about twice that over HTTP/1.1, a connection each).
+/// The default bound on loops: 10,000 x ~14 KB per waiting loop over HTTP/2 and h2c
+/// (benchmark figure 2, docs/benchmark.md) ~= 140 MB over the base, 146 to 152 MiB
+/// resident in all as measured at 10,000 in flight (~21 KB a loop to an `https://`
+/// provider; about 53 KB over HTTP/1.1, a connection each).
 pub const DEFAULT_MAX_IN_FLIGHT: usize = 10_000;
 
 impl OverloadSettings {
