@@ -1,5 +1,6 @@
-//! The chat-completions client: request retry ─► request timeout ─► one POST, on hyper's
-//! pooled client, or as a stream on a kept HTTP/2 connection to an h2c server (`h2c.rs`).
+//! The chat-completions client: request retry ─► request timeout ─► one POST: on a kept
+//! HTTP/1.1 connection (`h1.rs`) or as a stream on a kept HTTP/2 one (`h2c.rs`) over
+//! `http://`, on hyper's pooled client over `https://`.
 
 use std::future::Future;
 use std::pin::Pin;
@@ -23,6 +24,7 @@ use tower::{BoxError, Service, ServiceBuilder, ServiceExt};
 use super::breaker::{Breaker, BreakerLayer, BreakerSettings};
 use super::call::ModelCall;
 use super::error::{ModelError, ModelErrorKind};
+use super::h1::H1;
 use super::h2c::H2c;
 use super::observe::ObserveLayer;
 use super::retry::{RequestRetry, RequestRetrySettings};
@@ -100,7 +102,7 @@ impl ModelClient {
             tcp.enforce_http(false);
             let connector = hyper_rustls::HttpsConnectorBuilder::new()
                 .with_tls_config(tls.clone())
-                .https_or_http()
+                .https_only()
                 .enable_http1()
                 .enable_http2()
                 .wrap_connector(tcp);
@@ -120,14 +122,15 @@ impl ModelClient {
             None => None,
         };
         let wire = match uri.authority() {
-            Some(authority) if endpoint.h2c && !https => {
-                let port = authority.port_u16().unwrap_or(80);
-                Wire::H2c(H2c::new(format!("{}:{port}", authority.host())))
-            }
-            _ => Wire::Pooled {
+            _ if https => Wire::Pooled {
                 clients: (0..CONNECTIONS).map(|_| client()).collect(),
                 next: AtomicUsize::new(0),
             },
+            Some(authority) if endpoint.h2c => {
+                let port = authority.port_u16().unwrap_or(80);
+                Wire::H2c(H2c::new(format!("{}:{port}", authority.host())))
+            }
+            _ => Wire::H1(H1::new(&uri)?),
         };
         let transport = ChatTransport(Arc::new(Endpoint {
             wire,
@@ -240,11 +243,15 @@ struct Endpoint {
     authorization: Option<HeaderValue>,
 }
 
+/// How the requests go: over `http://` on connections of our own (`h1.rs`, `h2c.rs`),
+/// over `https://` on hyper's pooled client.
 enum Wire {
-    /// HTTP/2 by prior knowledge, on the `h2` crate (`h2c.rs`).
+    /// HTTP/1.1, a kept-alive connection a request.
+    H1(H1),
+    /// HTTP/2 by prior knowledge, on the `h2` crate.
     H2c(H2c),
-    /// HTTP/1.1, or over `https://` what ALPN picks: [`CONNECTIONS`] clients, each with
-    /// its own pool, taken in turn.
+    /// What ALPN picks, HTTP/2 or HTTP/1.1: [`CONNECTIONS`] clients, each with its own
+    /// pool, taken in turn.
     Pooled {
         clients: Box<[Http]>,
         next: AtomicUsize,
@@ -288,6 +295,7 @@ impl Endpoint {
             request
         };
         let response = match &self.wire {
+            Wire::H1(h1) => h1.send(head, call.body).await?,
             Wire::H2c(h2c) => h2c.send(head, call.body).await?,
             Wire::Pooled { clients, next } => {
                 let turn = next.fetch_add(1, Ordering::Relaxed) % clients.len();

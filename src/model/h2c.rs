@@ -5,9 +5,8 @@
 //! On the `h2` crate itself rather than hyper's client, which runs on it: a request
 //! waiting for its answer holds its stream and this small future, where hyper's pooled
 //! client holds a boxed future of some 3 KB and a spawned task of some 3 KB more for
-//! each (docs/benchmark.md, figure 2). Over HTTP/1.1 and `https://` the pooled client
-//! stays (`client.rs`): it pools connections a request at a time, and ALPN picks the
-//! protocol.
+//! each (docs/benchmark.md, figure 2). HTTP/1.1 over `http://` is `h1.rs`; over
+//! `https://` hyper's pooled client stays (`client.rs`), and ALPN picks the protocol.
 
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 

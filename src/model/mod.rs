@@ -6,6 +6,7 @@ pub mod call;
 pub mod chain;
 pub mod client;
 pub mod error;
+mod h1;
 mod h2c;
 pub mod observe;
 pub mod retry;

@@ -603,6 +603,34 @@ async fn model_connections_over_http2_that_close_are_made_again() {
     assert_eq!(h.model.connections(), 8);
 }
 
+/// Over HTTP/1.1 a model connection is kept for the next request: four checkouts one
+/// after the other, eight requests, one connection. When it closes (the model server
+/// restarted: the proxy in front of it cuts it), the next request makes a new one and
+/// goes out once (seen failing with connections never given back: eight connections).
+#[tokio::test]
+async fn model_connections_over_http1_are_kept_and_made_again_when_closed() {
+    let db = TestDb::new(Backend::Sqlite).await;
+    let model = scripted("").await;
+    let proxy = Proxy::start(model.addr()).await;
+    let mut settings = test_settings(&db, &model);
+    settings.model.base_url = Some(format!("http://{}/v1", proxy.addr));
+    let h = Harness::serve(db, model, settings).await;
+    for i in 1..=8 {
+        if i == 5 {
+            assert_eq!(h.model.connections(), 1);
+            proxy.down();
+            tokio::time::sleep(std::time::Duration::from_millis(200)).await;
+            proxy.up();
+        }
+        let reply = h.checkout(&format!("H1R-{i}"), "1.00").await;
+        assert_eq!(reply.status, 200, "{}", reply.text());
+        assert_eq!(reply.json()["usage"]["modelRequests"], 2);
+    }
+    assert_eq!(h.model.requests(), 16);
+    assert_eq!(h.model.requests_over_http2(), 0);
+    assert_eq!(h.model.connections(), 2);
+}
+
 /// Without CHECKOUT_MODEL_H2C a plain http:// model is spoken to in HTTP/1.1, which every
 /// OpenAI-compatible server takes.
 #[tokio::test]
