@@ -10,14 +10,14 @@ use crate::model::ModelChain;
 use crate::outbox::MailTransport;
 
 /// Memory one waiting loop holds, measured (benchmark figure 2, docs/benchmark.md): what
-/// the bound on loops stands for. Over h2c the model requests are streams of the h2
-/// crate's own, 14 KB a loop (3103fa4); to an `https://` provider they go through hyper's
-/// pooled HTTP/2 client, 21 KB (h2c through it at 419d942); over HTTP/1.1, a connection
-/// each way, 53 KB (3268ec3).
+/// the bound on loops stands for. Over `http://` the model requests go on connections of
+/// the service's own: 14 KB a loop over h2c (3103fa4), 47 KB over HTTP/1.1, a connection
+/// each way (d0fe2d9); to an `https://` provider through hyper's pooled HTTP/2 client,
+/// 21 KB (h2c through it at 419d942).
 fn bytes_per_loop(settings: &Settings, bounds: &Bounds) -> usize {
     let https = matches!(settings.model_source(), ModelSource::Remote(e) if e.base_url.starts_with("https://"));
     if bounds.per_loop > 1 {
-        53 * 1000
+        47 * 1000
     } else if settings.model.h2c && !https {
         14 * 1000
     } else {

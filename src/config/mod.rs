@@ -172,7 +172,7 @@ pub struct OverloadSettings {
 /// The default bound on loops: 10,000 x ~14 KB per waiting loop over HTTP/2 and h2c
 /// (benchmark figure 2, docs/benchmark.md) ~= 140 MB over the base, 146 to 152 MiB
 /// resident in all as measured at 10,000 in flight (~21 KB a loop to an `https://`
-/// provider; about 53 KB over HTTP/1.1, a connection each).
+/// provider; about 47 KB over HTTP/1.1, a connection each).
 pub const DEFAULT_MAX_IN_FLIGHT: usize = 10_000;
 
 impl OverloadSettings {
