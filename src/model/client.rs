@@ -243,6 +243,16 @@ struct Endpoint {
     authorization: Option<HeaderValue>,
 }
 
+/// A TCP connection to `authority` (`host:port`), without Nagle's delay: what the
+/// connections of `h1.rs` and `h2c.rs` run on.
+pub(super) async fn tcp(authority: &str) -> Result<tokio::net::TcpStream, ModelError> {
+    let tcp = tokio::net::TcpStream::connect(authority)
+        .await
+        .map_err(ModelError::connect)?;
+    let _ = tcp.set_nodelay(true);
+    Ok(tcp)
+}
+
 /// How the requests go: over `http://` on connections of our own (`h1.rs`, `h2c.rs`),
 /// over `https://` on hyper's pooled client.
 enum Wire {

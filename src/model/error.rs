@@ -97,6 +97,16 @@ impl ModelErrorKind {
 }
 
 impl ModelError {
+    /// No connection could be made (refused, unreachable, a failed handshake).
+    pub fn connect(err: impl Into<BoxError>) -> Self {
+        ModelError::new(ModelErrorKind::Connect(err.into()))
+    }
+
+    /// The connection failed under a request.
+    pub fn transport(err: impl Into<BoxError>) -> Self {
+        ModelError::new(ModelErrorKind::Transport(err.into()))
+    }
+
     /// Whether the next endpoint may answer this turn: this one failed transiently (its
     /// request retry gave up, or left it to the next), its breaker is open, or the
     /// conversation is too long for it (the next may have the room). Never a refusal

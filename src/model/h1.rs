@@ -18,9 +18,9 @@ use hyper::client::conn::http1::SendRequest;
 use hyper::header::{HOST, HeaderValue};
 use hyper::{Request, Response, Uri};
 use hyper_util::rt::TokioIo;
-use tokio::net::TcpStream;
 
-use super::error::{ModelError, ModelErrorKind};
+use super::client::tcp;
+use super::error::ModelError;
 
 /// An idle connection older than this is closed, as hyper's pooled client does it.
 const IDLE_TIMEOUT: Duration = Duration::from_secs(90);
@@ -73,13 +73,20 @@ impl H1 {
             Err(mut err) => match err.take_message() {
                 Some(request) if reused => {
                     sender = Box::pin(self.connect()).await?;
-                    sender.send_request(request).await.map_err(transport)?
+                    sender
+                        .send_request(request)
+                        .await
+                        .map_err(ModelError::transport)?
                 }
-                _ => return Err(transport(err.into_error())),
+                _ => return Err(ModelError::transport(err.into_error())),
             },
         };
         let (head, incoming) = response.into_parts();
-        let body = incoming.collect().await.map_err(transport)?.to_bytes();
+        let body = incoming
+            .collect()
+            .await
+            .map_err(ModelError::transport)?
+            .to_bytes();
         self.give_back(sender);
         Ok(Response::from_parts(head, body))
     }
@@ -119,16 +126,10 @@ impl H1 {
     }
 
     async fn connect(&self) -> Result<SendRequest<Full<Bytes>>, ModelError> {
-        let connect_error = |err: Box<dyn std::error::Error + Send + Sync>| {
-            ModelError::new(ModelErrorKind::Connect(err))
-        };
-        let tcp = TcpStream::connect(&self.authority)
-            .await
-            .map_err(|err| connect_error(err.into()))?;
-        let _ = tcp.set_nodelay(true);
+        let tcp = tcp(&self.authority).await?;
         let (sender, connection) = hyper::client::conn::http1::handshake(TokioIo::new(tcp))
             .await
-            .map_err(|err| connect_error(err.into()))?;
+            .map_err(ModelError::connect)?;
         tokio::spawn(async move {
             if let Err(err) = connection.await {
                 tracing::debug!(error = %err, "model connection closed");
@@ -136,8 +137,4 @@ impl H1 {
         });
         Ok(sender)
     }
-}
-
-fn transport(err: hyper::Error) -> ModelError {
-    ModelError::new(ModelErrorKind::Transport(err.into()))
 }

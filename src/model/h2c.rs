@@ -15,12 +15,11 @@ use h2::SendStream;
 use h2::client::{ResponseFuture, SendRequest};
 use hyper::header::{CONTENT_LENGTH, HeaderValue};
 use hyper::{Request, Response};
-use tokio::net::TcpStream;
 use tokio::sync::Mutex;
 use tokio::task::JoinHandle;
 
-use super::client::CONNECTIONS;
-use super::error::{ModelError, ModelErrorKind};
+use super::client::{CONNECTIONS, tcp};
+use super::error::ModelError;
 
 pub struct H2c {
     /// `host:port` of the base URL.
@@ -76,11 +75,13 @@ impl H2c {
             }
         };
         // Buffered whole: the window a stream opens with (64 KiB) holds a chat request.
-        stream.send_data(body, true).map_err(transport)?;
-        let (head, mut incoming) = response.await.map_err(transport)?.into_parts();
+        stream
+            .send_data(body, true)
+            .map_err(ModelError::transport)?;
+        let (head, mut incoming) = response.await.map_err(ModelError::transport)?.into_parts();
         let mut body = BytesMut::new();
         while let Some(chunk) = incoming.data().await {
-            let chunk = chunk.map_err(transport)?;
+            let chunk = chunk.map_err(ModelError::transport)?;
             let _ = incoming.flow_control().release_capacity(chunk.len());
             if body.is_empty() && incoming.is_end_stream() {
                 return Ok(Response::from_parts(head, chunk));
@@ -100,7 +101,7 @@ impl H2c {
             .connection(slot)
             .await
             .map_err(|err| Refused(None, err))?;
-        let refused = |err| Refused(Some(number), transport(err));
+        let refused = |err| Refused(Some(number), ModelError::transport(err));
         send.ready()
             .await
             .map_err(refused)?
@@ -125,13 +126,7 @@ impl H2c {
     }
 
     async fn connect(&self) -> Result<Connection, ModelError> {
-        let connect_error = |err: Box<dyn std::error::Error + Send + Sync>| {
-            ModelError::new(ModelErrorKind::Connect(err))
-        };
-        let tcp = TcpStream::connect(&self.authority)
-            .await
-            .map_err(|err| connect_error(err.into()))?;
-        let _ = tcp.set_nodelay(true);
+        let tcp = tcp(&self.authority).await?;
         // hyper's client's windows: an answer comes whole without waiting on ours.
         let (send, connection) = h2::client::Builder::new()
             .initial_window_size(2 << 20)
@@ -140,7 +135,7 @@ impl H2c {
             .enable_push(false)
             .handshake(tcp)
             .await
-            .map_err(|err| connect_error(err.into()))?;
+            .map_err(ModelError::connect)?;
         let task = tokio::spawn(async move {
             if let Err(err) = connection.await {
                 tracing::debug!(error = %err, "model connection closed");
@@ -162,7 +157,3 @@ impl H2c {
 
 /// A request that could not start on connection `.0`, or found none to start on.
 struct Refused(Option<u64>, ModelError);
-
-fn transport(err: h2::Error) -> ModelError {
-    ModelError::new(ModelErrorKind::Transport(err.into()))
-}
