@@ -2,7 +2,7 @@
 //! The resilience chain is numbered outermost first, each layer with its unit and numbers.
 
 use crate::caller::{self, AuthMode};
-use crate::config::{ModelSource, Settings};
+use crate::config::Settings;
 use crate::db::Database;
 use crate::http::ModelInfo;
 use crate::http::serve::{ASSUMED_DESCRIPTORS, Bounds, Descriptors};
@@ -15,13 +15,12 @@ use crate::outbox::MailTransport;
 /// each way (d0fe2d9); to an `https://` provider through hyper's pooled HTTP/2 client,
 /// 21 KB (h2c through it at 419d942).
 fn bytes_per_loop(settings: &Settings, bounds: &Bounds) -> usize {
-    let https = matches!(settings.model_source(), ModelSource::Remote(e) if e.base_url.starts_with("https://"));
     if bounds.per_loop > 1 {
         47 * 1000
-    } else if settings.model.h2c && !https {
-        14 * 1000
-    } else {
+    } else if settings.model_over_https() {
         21 * 1000
+    } else {
+        14 * 1000
     }
 }
 

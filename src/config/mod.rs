@@ -405,6 +405,12 @@ impl Settings {
         })
     }
 
+    /// The model is an `https://` provider: its protocol is what ALPN picks, whatever
+    /// `CHECKOUT_MODEL_H2C` says.
+    pub fn model_over_https(&self) -> bool {
+        matches!(self.model_source(), ModelSource::Remote(e) if e.base_url.starts_with("https://"))
+    }
+
     pub fn model_source(&self) -> ModelSource {
         let model = &self.model;
         if model.api_key.is_none() && model.base_url.is_none() {

@@ -23,7 +23,7 @@ use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::{Notify, OwnedSemaphorePermit, Semaphore, watch};
 use tower::ServiceExt;
 
-use crate::config::{ModelSource, Settings};
+use crate::config::Settings;
 
 /// Descriptors kept for what is not a connection or a loop: the log, SMTP, the mail
 /// directory, migrations, the binary's own files.
@@ -88,8 +88,7 @@ pub struct Bounds {
 /// connection). A tenth of what is left after the reserve stays for connections
 /// answered without a loop (refusals, replays, receipts, health).
 pub fn bounds(settings: &Settings, descriptors: u64, model_in_process: bool) -> Bounds {
-    let shared = settings.model.h2c
-        || matches!(settings.model_source(), ModelSource::Remote(e) if e.base_url.starts_with("https://"));
+    let shared = settings.model.h2c || settings.model_over_https();
     let model = match (shared, model_in_process) {
         (true, _) => 0,
         (false, false) => 1,

@@ -95,23 +95,6 @@ impl ModelClient {
                 );
             }
         };
-        let tls = rustls::ClientConfig::with_platform_verifier()?;
-        let client = || {
-            let mut tcp = HttpConnector::new();
-            tcp.set_nodelay(true);
-            tcp.enforce_http(false);
-            let connector = hyper_rustls::HttpsConnectorBuilder::new()
-                .with_tls_config(tls.clone())
-                .https_only()
-                .enable_http1()
-                .enable_http2()
-                .wrap_connector(tcp);
-            let mut http = Client::builder(TokioExecutor::new());
-            http.pool_idle_timeout(Duration::from_secs(90))
-                .pool_timer(TokioTimer::new())
-                .timer(TokioTimer::new());
-            http.build(connector)
-        };
         let authorization = match &endpoint.api_key {
             Some(key) => {
                 let mut value = HeaderValue::try_from(format!("Bearer {}", key.expose()))
@@ -123,7 +106,7 @@ impl ModelClient {
         };
         let wire = match uri.authority() {
             _ if https => Wire::Pooled {
-                clients: (0..CONNECTIONS).map(|_| client()).collect(),
+                clients: https_clients()?,
                 next: AtomicUsize::new(0),
             },
             Some(authority) if endpoint.h2c => {
@@ -339,23 +322,46 @@ impl Endpoint {
     }
 }
 
+/// [`CONNECTIONS`] pooled clients for an `https://` endpoint, sharing one TLS
+/// configuration: the platform's verifier, loaded only for an endpoint that needs it.
+fn https_clients() -> Result<Box<[Http]>, BoxError> {
+    let tls = rustls::ClientConfig::with_platform_verifier()?;
+    let client = || {
+        let mut tcp = HttpConnector::new();
+        tcp.set_nodelay(true);
+        tcp.enforce_http(false);
+        let connector = hyper_rustls::HttpsConnectorBuilder::new()
+            .with_tls_config(tls.clone())
+            .https_only()
+            .enable_http1()
+            .enable_http2()
+            .wrap_connector(tcp);
+        let mut http = Client::builder(TokioExecutor::new());
+        http.pool_idle_timeout(Duration::from_secs(90))
+            .pool_timer(TokioTimer::new())
+            .timer(TokioTimer::new());
+        http.build(connector)
+    };
+    Ok((0..CONNECTIONS).map(|_| client()).collect())
+}
+
 /// One request on hyper's pooled client, and its whole answer.
 async fn pooled(http: &Http, request: Request<Full<Bytes>>) -> Result<Response<Bytes>, ModelError> {
     let (head, body) = http
         .request(request)
         .await
         .map_err(|err| {
-            ModelError::new(if err.is_connect() {
-                ModelErrorKind::Connect(err.into())
+            if err.is_connect() {
+                ModelError::connect(err)
             } else {
-                ModelErrorKind::Transport(err.into())
-            })
+                ModelError::transport(err)
+            }
         })?
         .into_parts();
     let body = body
         .collect()
         .await
-        .map_err(|err| ModelError::new(ModelErrorKind::Transport(err.into())))?
+        .map_err(ModelError::transport)?
         .to_bytes();
     Ok(Response::from_parts(head, body))
 }
