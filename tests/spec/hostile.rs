@@ -18,7 +18,7 @@
 
 use std::time::Duration;
 
-use crate::common::hostile::{Act, Hostile, h2c_limited};
+use crate::common::hostile::{Act, H2Fault, Hostile, h2c_faulty, h2c_limited};
 use crate::common::proxy::Proxy;
 use crate::common::{Backend, Harness, Process, TestDb, scripted, test_settings};
 use checkout::config::Settings;
@@ -142,6 +142,37 @@ both_backends!(
     |backend| async move { refused_once(backend, Act::ToolCalls(10_000), "over the 65536 bytes").await }
 );
 
+/// A transient fault of the provider's, then normal answers: the request retry repeats
+/// it, and the checkout is 200 with its one receipt and one request more than a healthy
+/// one (the fault's); `error_type` in the metrics names what it was.
+async fn repeated_once(backend: Backend, act: Act, error_type: &str) {
+    let (h, hostile) = against(backend, vec![act], Act::Forward, |_| {}).await;
+    let reply = keyed(&h, "H-4").await;
+    assert_eq!(reply.status, 200, "{}", reply.text());
+    assert_eq!(hostile.requests(), 3, "the fault, its retry, round 2");
+    assert_eq!(h.db.receipts("H-4").await, 1);
+    let metrics = h.get("/metrics").await.text();
+    let series = "gen_ai_client_operation_duration_seconds_count{";
+    let failed = metrics
+        .lines()
+        .filter(|l| l.starts_with(series) && l.contains(&format!("error_type=\"{error_type}\"")))
+        .count();
+    assert_eq!(failed, 1, "one {error_type} in:\n{metrics}");
+}
+
+// The connection closed in the middle of the body: a byte of the answer came back, so it
+// is not sent again at once; the request retry repeats it.
+both_backends!(
+    a_connection_closed_mid_body_is_retried,
+    |backend| async move { repeated_once(backend, Act::CloseMidBody, "transport").await }
+);
+
+// A body dripping a byte every 50 ms: the request timeout (400 ms here) cuts it.
+both_backends!(
+    a_dripping_body_is_cut_by_the_request_timeout,
+    |backend| async move { repeated_once(backend, Act::Drip, "timeout").await }
+);
+
 both_backends!(
     an_endless_answer_goes_to_the_fallback_once,
     |backend| async move {
@@ -157,6 +188,10 @@ both_backends!(
         assert_eq!(hostile.requests(), 2);
         assert_eq!(fallback.requests(), 1);
         assert_eq!(h.db.receipts("H-2").await, 1);
+        // Cut off at the bound, not waited out to the request timeout.
+        let metrics = h.get("/metrics").await.text();
+        assert!(metrics.contains("error_type=\"unusable\""), "{metrics}");
+        assert!(!metrics.contains("error_type=\"timeout\""), "{metrics}");
     }
 );
 
@@ -282,6 +317,63 @@ both_backends!(
     }
 );
 
+/// The service over h2c to a server of the `h2` crate that does `fault` to its first
+/// request; four checkouts one after the other. Returns the harness, the requests and
+/// the connections the server saw.
+async fn over_h2c(backend: Backend, fault: H2Fault) -> (Harness, u64, u64) {
+    let db = TestDb::new(backend).await;
+    let model = scripted("").await;
+    let (addr, requests, connections) = h2c_faulty(&model, fault).await;
+    let mut settings = test_settings(&db, &model);
+    settings.model.base_url = Some(format!("http://{addr}/v1"));
+    settings.model.h2c = true;
+    let h = Harness::serve(db, model, settings).await;
+    for i in 1..=4 {
+        let reply = h.checkout(&format!("H2-{i}"), "10.00").await;
+        assert_eq!(reply.status, 200, "checkout {i}: {}", reply.text());
+    }
+    assert_eq!(h.db.all_receipts().await, 4);
+    let seen = |n: &std::sync::atomic::AtomicU64| n.load(std::sync::atomic::Ordering::SeqCst);
+    let (requests, connections) = (seen(&requests), seen(&connections));
+    (h, requests, connections)
+}
+
+// A stream the server reset is the server's failure of that request: not sent again at
+// once, but repeated by the request retry (one request more), and counted.
+both_backends!(
+    a_stream_the_server_resets_is_repeated_by_the_request_retry,
+    |backend| async move {
+        let (h, requests, _) = over_h2c(backend, H2Fault::ResetFirst).await;
+        assert_eq!(requests, 9, "eight turns and the reset one");
+        let metrics = h.get("/metrics").await.text();
+        assert!(
+            metrics.contains("checkout_retries_total{layer=\"request\",reason=\"transport\"} 1"),
+            "{metrics}"
+        );
+    }
+);
+
+// A server that says GOAWAY after its first answer: the next requests go on new
+// connections, none fails, none is repeated by the request retry.
+both_backends!(
+    a_goaway_moves_the_next_requests_to_a_new_connection,
+    |backend| async move {
+        let (h, requests, connections) = over_h2c(backend, H2Fault::GoAwayAfterFirst).await;
+        // A request that reached the closing connection after its GOAWAY may have gone
+        // unanswered there, and was sent again at once on the new one.
+        assert!((8..=9).contains(&requests), "eight turns: {requests}");
+        assert!(
+            connections >= 2,
+            "a new connection after the GOAWAY: {connections}"
+        );
+        let metrics = h.get("/metrics").await.text();
+        assert!(
+            !metrics.contains("checkout_retries_total{layer=\"request\""),
+            "{metrics}"
+        );
+    }
+);
+
 /// The whole process, against an endless answer: it stays far below 300 MiB.
 #[test]
 fn an_endless_answer_leaves_the_process_small() {
@@ -308,7 +400,6 @@ fn an_endless_answer_leaves_the_process_small() {
         )
         .await
     });
-    assert_eq!(reply.status, 502, "{}", reply.text());
     let status = std::fs::read_to_string(format!("/proc/{}/status", process.child.id())).unwrap();
     let peak_kib: u64 = status
         .lines()
@@ -316,5 +407,6 @@ fn an_endless_answer_leaves_the_process_small() {
         .and_then(|v| v.trim().trim_end_matches(" kB").trim().parse().ok())
         .unwrap();
     assert!(peak_kib < 300 * 1024, "peak RSS {peak_kib} KiB");
+    assert_eq!(reply.status, 502, "{}", reply.text());
     assert_eq!(hostile.requests(), 1, "asked once");
 }

@@ -44,6 +44,10 @@ pub enum Act {
     ToolCalls(usize),
     /// 200 with one charge call whose arguments are this many bytes.
     Arguments(usize),
+    /// 200 with `Content-Length: 1000`, 100 bytes of it, then the connection closed.
+    CloseMidBody,
+    /// 200, then one byte of the body every 50 ms, for as long as the client reads.
+    Drip,
     /// The first request on each connection relayed; a later one on the same connection
     /// makes the server close it unanswered, as a server whose keep-alive ran out does
     /// when the next request arrives.
@@ -142,6 +146,20 @@ async fn serve(mut stream: TcpStream, plan: Arc<Plan>, stats: Arc<Stats>) {
                 write_all(&mut stream, &[head.as_bytes(), &answer]).await
             }
             Act::Endless => endless(&mut stream).await,
+            Act::CloseMidBody => {
+                let head = "HTTP/1.1 200 OK\r\ncontent-type: application/json\r\ncontent-length: 1000\r\n\r\n";
+                let _ = write_all(&mut stream, &[head.as_bytes(), &[b' '; 100]]).await;
+                return;
+            }
+            Act::Drip => {
+                let head = "HTTP/1.1 200 OK\r\ncontent-type: application/json\r\ncontent-length: 1000\r\n\r\n";
+                let mut dripping = write_all(&mut stream, &[head.as_bytes()]).await;
+                while dripping.is_ok() {
+                    tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+                    dripping = write_all(&mut stream, &[b" "]).await;
+                }
+                dripping
+            }
             Act::Huge(size) => huge(&mut stream, size).await,
             Act::Gzip => {
                 // The start of a gzip stream (its magic bytes), which no client here asked for.
@@ -331,4 +349,71 @@ pub async fn h2c_limited(upstream: &ScriptedModel) -> (SocketAddr, Arc<AtomicU64
         }
     });
     (addr, connections)
+}
+
+/// What the h2c server of [`h2c_faulty`] does to its first request.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum H2Fault {
+    /// Resets its stream (RST_STREAM INTERNAL_ERROR) without an answer: the server's own
+    /// failure of that request.
+    ResetFirst,
+    /// Answers it, then says GOAWAY (graceful: no stream above it is taken) and closes
+    /// the connection once its streams are done, as a server going away does.
+    GoAwayAfterFirst,
+}
+
+/// An h2c server on the `h2` crate itself (hyper's would not misbehave on request),
+/// relaying to `upstream` except for what `fault` does to the first request. Its
+/// requests and connections, counted.
+pub async fn h2c_faulty(
+    upstream: &ScriptedModel,
+    fault: H2Fault,
+) -> (SocketAddr, Arc<AtomicU64>, Arc<AtomicU64>) {
+    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    let (requests, connections) = (Arc::new(AtomicU64::new(0)), Arc::new(AtomicU64::new(0)));
+    let plan = Arc::new(Plan {
+        first: Vec::new(),
+        then: Act::Forward,
+        upstream: upstream.base_url(),
+        client: reqwest::Client::new(),
+    });
+    let (counted, connected) = (requests.clone(), connections.clone());
+    tokio::spawn(async move {
+        while let Ok((stream, _)) = listener.accept().await {
+            connected.fetch_add(1, Ordering::SeqCst);
+            let (plan, counted) = (plan.clone(), counted.clone());
+            tokio::spawn(async move {
+                let Ok(mut connection) = h2::server::handshake(stream).await else {
+                    return;
+                };
+                while let Some(Ok((request, mut respond))) = connection.accept().await {
+                    let number = counted.fetch_add(1, Ordering::SeqCst);
+                    if number == 0 && fault == H2Fault::ResetFirst {
+                        respond.send_reset(h2::Reason::INTERNAL_ERROR);
+                        continue;
+                    }
+                    let mut incoming = request.into_body();
+                    let mut body = Vec::new();
+                    while let Some(Ok(chunk)) = incoming.data().await {
+                        let _ = incoming.flow_control().release_capacity(chunk.len());
+                        body.extend_from_slice(&chunk);
+                    }
+                    let (status, answer) = forward(&plan, body).await;
+                    let head = hyper::Response::builder()
+                        .status(status)
+                        .header("content-type", "application/json")
+                        .body(())
+                        .unwrap();
+                    if let Ok(mut send) = respond.send_response(head, false) {
+                        let _ = send.send_data(answer, true);
+                    }
+                    if number == 0 && fault == H2Fault::GoAwayAfterFirst {
+                        connection.graceful_shutdown();
+                    }
+                }
+            });
+        }
+    });
+    (addr, requests, connections)
 }
