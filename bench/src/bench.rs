@@ -31,6 +31,7 @@ mod cpu;
 mod loops;
 mod outage;
 mod overload;
+mod partial;
 mod retry;
 mod saving;
 mod startup;
@@ -191,7 +192,7 @@ struct Bench {
 }
 
 const USAGE: &str = "\
-usage: checkout-bench [--quick] [--only cpu,loops,retry,saving,startup,sweep,counts,overload,outage]
+usage: checkout-bench [--quick] [--only cpu,loops,retry,saving,startup,sweep,counts,overload,outage,partial]
                       [--db sqlite,postgres] [--runs N] [--concurrency N] [--overload-limit N]
                       [--http1] [--out DIR] [--work DIR]
                       [--service-bin PATH] [--no-build] [--postgres postgres://postgres@127.0.0.1:5432]
@@ -210,6 +211,8 @@ its floor (floor-loop), 3 retry amplification (20 % of model requests 503), 4 st
 8 overload (twice --overload-limit checkouts offered at once: 1,000 with --quick, else
 5,000; the admitted ones served, the rest refused with 503 overloaded at once).
 9 an outage of the primary model endpoint with a healthy fallback (DIR/outage-DB.svg).
+10 partial faults: an endpoint answering 0-50 % of requests 503, alone or with a fallback,
+breaker on and off: success, model requests a checkout, p99 (DIR/partial-DB.svg).
 --quick takes under a minute; the full run under ten. Writes DIR/results.json,
 DIR/results.md and DIR/latency.svg (DIR/*-quick.* with --quick); DIR is --out, else
 bench/ when run by `cargo run -p checkout-bench`, else the current directory. Logs and
@@ -296,6 +299,7 @@ pub fn main(args: &mut Args) -> Result<(), String> {
     ));
     for figure in [
         "startup", "cpu", "retry", "saving", "loops", "sweep", "counts", "overload", "outage",
+        "partial",
     ] {
         if !only.iter().any(|o| o == figure) {
             continue;
@@ -310,6 +314,7 @@ pub fn main(args: &mut Args) -> Result<(), String> {
                 "counts" => bench.counts(db),
                 "overload" => bench.overload(db),
                 "outage" => bench.outage(db),
+                "partial" => bench.partial(db),
                 _ => bench.sweep(db),
             };
             if let Err(err) = result {
