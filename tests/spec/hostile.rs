@@ -18,7 +18,7 @@
 
 use std::time::Duration;
 
-use crate::common::hostile::{Act, H2Fault, Hostile, h2c_faulty, h2c_limited};
+use crate::common::hostile::{Act, H2Fault, Hostile, h2c_faulty, h2c_limited, untrusted_tls};
 use crate::common::proxy::Proxy;
 use crate::common::{Backend, Harness, Process, TestDb, scripted, test_settings};
 use checkout::config::Settings;
@@ -314,6 +314,29 @@ both_backends!(
             !metrics.contains("error_type=\"timeout\""),
             "no request waited out its timeout:\n{metrics}"
         );
+    }
+);
+
+// An https provider whose certificate no trusted CA signed: one handshake, not nine (seen
+// failing before its fix: "cannot connect to the model provider: client error (Connect):
+// invalid peer certificate: …; the request retry gave up after 3 requests; the loop retry
+// gave up after 3 loop attempts").
+both_backends!(
+    an_untrusted_certificate_is_not_asked_again,
+    |backend| async move {
+        let (addr, handshakes) = untrusted_tls();
+        let (h, _) = against(backend, Vec::new(), Act::Forward, |s| {
+            s.model.base_url = Some(format!("https://{addr}/v1"));
+        })
+        .await;
+        let problem = keyed(&h, "TLS-1").await.problem(502);
+        let detail = problem["detail"].as_str().unwrap();
+        assert!(
+            detail.contains("its TLS certificate was refused (invalid peer certificate: "),
+            "{detail}"
+        );
+        assert_eq!(handshakes.load(std::sync::atomic::Ordering::SeqCst), 1);
+        assert_eq!(h.db.all_receipts().await, 0);
     }
 );
 

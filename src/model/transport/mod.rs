@@ -249,7 +249,12 @@ fn dropped_unanswered(err: &hyper_util::client::legacy::Error) -> bool {
 
 fn pooled_error(err: hyper_util::client::legacy::Error) -> ModelError {
     if err.is_connect() {
-        return ModelError::connect(err);
+        return match refused_certificate(&err) {
+            Some(why) => ModelError::unusable(format!(
+                "its TLS certificate was refused ({why}); a repeat would be refused the same"
+            )),
+            None => ModelError::connect(err),
+        };
     }
     let mut cause = std::error::Error::source(&err);
     while let Some(inner) = cause {
@@ -266,6 +271,27 @@ fn pooled_error(err: hyper_util::client::legacy::Error) -> ModelError {
         cause = inner.source();
     }
     ModelError::transport(err)
+}
+
+/// The provider's certificate, refused by the verifier (no trusted CA signed it, another
+/// name, expired), as the connect error's causes tell it. An `io::Error` is looked into
+/// as well as past: hyper-rustls wraps tokio-rustls's `io::Error` in another, and an
+/// `io::Error`'s `source` skips the error it wraps.
+fn refused_certificate(err: &(dyn std::error::Error + 'static)) -> Option<String> {
+    let mut cause = Some(err);
+    while let Some(err) = cause {
+        if let Some(
+            tls @ (rustls::Error::InvalidCertificate(_) | rustls::Error::NoCertificatesPresented),
+        ) = err.downcast_ref::<rustls::Error>()
+        {
+            return Some(tls.to_string());
+        }
+        cause = match err.downcast_ref::<std::io::Error>() {
+            Some(io) => io.get_ref().map(|inner| inner as _),
+            None => err.source(),
+        };
+    }
+    None
 }
 
 /// What the head alone says is wrong with an answer: a body declared over the bound, an

@@ -417,3 +417,55 @@ pub async fn h2c_faulty(
     });
     (addr, requests, connections)
 }
+
+/// A TLS server whose certificate no trusted CA signed (self-signed, made by `openssl`
+/// for the test): it takes handshakes and nothing more. Its address and the handshakes
+/// begun, counted.
+pub fn untrusted_tls() -> (SocketAddr, Arc<AtomicU64>) {
+    use rustls::pki_types::pem::PemObject;
+    use rustls::pki_types::{CertificateDer, PrivateKeyDer};
+
+    let dir = tempfile::tempdir().unwrap();
+    let (cert, key) = (dir.path().join("cert.pem"), dir.path().join("key.pem"));
+    let made = std::process::Command::new("openssl")
+        .args([
+            "req",
+            "-x509",
+            "-newkey",
+            "ec",
+            "-pkeyopt",
+            "ec_paramgen_curve:P-256",
+        ])
+        .args(["-nodes", "-days", "1", "-subj", "/CN=localhost"])
+        .args(["-addext", "subjectAltName=IP:127.0.0.1"])
+        .arg("-keyout")
+        .arg(&key)
+        .arg("-out")
+        .arg(&cert)
+        .output()
+        .expect("openssl runs");
+    assert!(made.status.success(), "{made:?}");
+    let chain = vec![CertificateDer::from_pem_file(&cert).unwrap()];
+    let key = PrivateKeyDer::from_pem_file(&key).unwrap();
+    crate::common::install_tls();
+    let config = Arc::new(
+        rustls::ServerConfig::builder()
+            .with_no_client_auth()
+            .with_single_cert(chain, key)
+            .unwrap(),
+    );
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let addr = listener.local_addr().unwrap();
+    let handshakes = Arc::new(AtomicU64::new(0));
+    let counted = handshakes.clone();
+    std::thread::spawn(move || {
+        for stream in listener.incoming() {
+            let Ok(mut stream) = stream else { return };
+            counted.fetch_add(1, Ordering::SeqCst);
+            let mut tls = rustls::ServerConnection::new(config.clone()).unwrap();
+            // Until the client gives up on the certificate.
+            while tls.complete_io(&mut stream).is_ok() && tls.is_handshaking() {}
+        }
+    });
+    (addr, handshakes)
+}
