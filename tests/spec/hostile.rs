@@ -276,11 +276,13 @@ both_backends!(
         }
         assert_eq!(h.db.all_receipts().await, 50);
         assert_eq!(h.model.requests(), 100, "two turns each, none repeated");
+        // One connection per stream in use at once: more than the four an endpoint starts
+        // with (how many more depends on how the 50 overlap), within the bound; and no
+        // request waited out its timeout queued in the service.
         let made = connections.load(std::sync::atomic::Ordering::SeqCst);
-        assert!(
-            (50..=256).contains(&made),
-            "one connection per stream in use, within the bound: {made}"
-        );
+        assert!((5..=256).contains(&made), "connections: {made}");
+        let metrics = h.get("/metrics").await.text();
+        assert!(!metrics.contains("error_type=\"timeout\""), "{metrics}");
     }
 );
 
