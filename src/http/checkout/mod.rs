@@ -78,9 +78,10 @@ pub async fn checkout(
             return problem.into_response();
         }
     };
+    // The operation is its caller's, keyed or not: a receipt records who paid.
+    let caller = caller.map(|Extension(c)| c.0).unwrap_or_default();
     match client_key {
         Some(key) => {
-            let caller = caller.map(|Extension(c)| c.0).unwrap_or_default();
             let mut fingerprint = Fingerprint::of_checkout(&order).with_email(email.as_ref());
             if format == Format::Text {
                 // Kept with the request for the recovery sweep; not part of its identity.
@@ -107,7 +108,7 @@ pub async fn checkout(
             let operation_key = OperationKey::mint();
             idempotent::detached(async move {
                 let _slot = slot;
-                run(&app, order, email, operation_key, "", None, format).await
+                run(&app, order, email, operation_key, &caller, None, format).await
             })
             .await
             .into_response()
