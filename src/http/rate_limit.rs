@@ -26,9 +26,29 @@ use super::error::{Code, Problem};
 use super::state::AppState;
 use crate::caller::Caller;
 use crate::config::OverloadSettings;
+use crate::worker::{Worker, every};
 
 /// The policy's name in the header fields.
 const POLICY: &str = "checkout";
+
+/// Forgets callers whose quota is whole again, every refill period, so that the limiter
+/// holds only callers seen within one period, however many there are.
+pub struct ForgetIdle(RateLimit);
+
+impl Worker for ForgetIdle {
+    const NAME: &'static str = "rate limit's forgetting";
+
+    async fn run(self) {
+        let inner = &self.0.0;
+        let period =
+            (inner.per_one * inner.burst).clamp(Duration::from_secs(1), Duration::from_secs(60));
+        every(period, || async {
+            inner.limiter.retain_recent();
+            inner.limiter.shrink_to_fit();
+        })
+        .await
+    }
+}
 
 /// Whom a request counts against.
 #[derive(Clone, Debug, PartialEq, Eq, Hash)]
@@ -83,18 +103,9 @@ impl RateLimit {
         })))
     }
 
-    /// Forgets callers whose quota is whole again, every refill period, so that the
-    /// limiter holds only callers seen within one period, however many there are.
-    pub async fn forget_idle_forever(self) {
-        let every =
-            (self.0.per_one * self.0.burst).clamp(Duration::from_secs(1), Duration::from_secs(60));
-        let mut tick = tokio::time::interval(every);
-        tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-        loop {
-            tick.tick().await;
-            self.0.limiter.retain_recent();
-            self.0.limiter.shrink_to_fit();
-        }
+    /// The worker that forgets idle callers.
+    pub fn forgetting(&self) -> ForgetIdle {
+        ForgetIdle(self.clone())
     }
 
     /// Counts one request of `who`: the quota left, or how long until the next one.
