@@ -145,7 +145,7 @@ impl App {
             scripted.is_some(),
         );
         let admission = Admission::new(bounds.max_in_flight, &metrics);
-        let rate_limit = RateLimit::new(&settings.overload);
+        let rate_limit = RateLimit::new(&settings.overload, &metrics);
         announce::overload(&settings, &descriptors, &bounds);
         announce::chain(&settings, &db, &info);
         announce::endpoints(&settings, &chain);
