@@ -17,7 +17,7 @@
 //! annotation unit such as `{token}` adds nothing.
 //!
 //! To add a metric (auth failures, journal replays and tokens saved, emails queued / sent /
-//! failed, payment-provider calls by outcome): one [`Def`] in [`CATALOGUE`] and one
+//! failed, payment-provider calls by outcome): one `Def` in `CATALOGUE` and one
 //! method below that records it; the flow then calls the method, one line.
 
 use std::sync::Arc;

@@ -111,7 +111,7 @@ pub struct DatabaseSettings {
     pub pool: PoolSettings,
 }
 
-/// Which model, where; see [`Settings::provider`].
+/// Which model, where; see [`Settings::model_source`].
 #[derive(Clone, Debug)]
 pub struct ModelSettings {
     pub base_url: Option<String>,

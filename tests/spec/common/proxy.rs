@@ -1,5 +1,6 @@
-//! A TCP proxy in front of Postgres that a test can break the way a database restart
-//! breaks it: live connections die, new ones are refused, replies go missing.
+//! A TCP proxy in front of a peer (Postgres in db_restart.rs, the model in endpoint.rs)
+//! that a test can break the way a restart breaks it: live connections die, new ones are
+//! refused, replies go missing.
 
 use std::net::SocketAddr;
 use std::sync::Arc;
