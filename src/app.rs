@@ -22,7 +22,7 @@ use crate::http::{self, AppState, ModelInfo, Parts};
 use crate::idempotency::Records;
 use crate::journal::Journal;
 use crate::metrics::Metrics;
-use crate::model::scripted::{Script, ScriptedModel};
+use crate::model::scripted::{self, Script, ScriptedModel};
 use crate::model::{ModelChain, ModelClient, ModelEndpoint};
 use crate::outbox::{Dispatcher, MailTransport, Outbox};
 use crate::payments::stripe::Stripe;
@@ -90,7 +90,7 @@ impl App {
                 let endpoint = ModelEndpoint {
                     base_url: model.base_url(),
                     api_key: None,
-                    model: settings.model.name.clone(),
+                    model: scripted::MODEL.to_owned(),
                     h2c: settings.model.h2c,
                 };
                 (endpoint, Some(model))
