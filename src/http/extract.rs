@@ -2,11 +2,11 @@
 
 use axum::body::Bytes;
 use axum::extract::{FromRequest, FromRequestParts, Query, Request};
-use axum::http::header;
 use axum::http::request::Parts;
+use axum::http::{StatusCode, header};
 use serde::de::DeserializeOwned;
 
-use super::error::Problem;
+use super::error::{Code, Problem};
 
 /// Query parameters, strictly: an unknown or malformed one is a 400 naming `query`.
 pub struct Params<T>(pub T);
@@ -37,6 +37,12 @@ impl<T: DeserializeOwned + Default, S: Send + Sync> FromRequest<S> for JsonBody<
             .unwrap_or("")
             .to_owned();
         let body = Bytes::from_request(request, state).await.map_err(|err| {
+            if err.status() == StatusCode::PAYLOAD_TOO_LARGE {
+                return Problem::new(
+                    Code::ContentTooLarge,
+                    "the request body is larger than this service takes (CHECKOUT_BODY_LIMIT_BYTES); nothing was run or recorded",
+                );
+            }
             Problem::invalid("body", format!("cannot read the body: {}", err.body_text()))
         })?;
         if body.is_empty() {
