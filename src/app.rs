@@ -23,7 +23,7 @@ use crate::idempotency::Records;
 use crate::journal::Journal;
 use crate::metrics::Metrics;
 use crate::model::scripted::{self, Script, ScriptedModel};
-use crate::model::{ModelChain, ModelClient, ModelEndpoint};
+use crate::model::{ClientSettings, ModelChain, ModelClient, ModelEndpoint};
 use crate::outbox::{Dispatcher, MailTransport, Outbox};
 use crate::payments::stripe::Stripe;
 use crate::payments::{Intents, PaymentGateway, Receipts};
@@ -303,9 +303,14 @@ fn model_chain(
     metrics: &Metrics,
 ) -> Result<ModelChain, StartError> {
     let endpoints = std::iter::once(primary.clone()).chain(settings.fallback_endpoints());
+    let client = ClientSettings {
+        retry: settings.request.clone(),
+        breaker: settings.model.breaker,
+        transport: settings.model.transport,
+    };
     let clients = endpoints
         .zip(1..)
-        .map(|(e, n)| ModelClient::new(&e, n, &settings.request, settings.model.breaker, metrics))
+        .map(|(e, n)| ModelClient::new(&e, n, &client, metrics))
         .collect::<Result<Vec<_>, _>>()
         .map_err(StartError::ModelClient)?;
     Ok(ModelChain::new(clients))

@@ -11,12 +11,12 @@ use crate::outbox::MailTransport;
 
 /// Memory one waiting loop holds, measured (benchmark figure 2, docs/benchmark.md): what
 /// the bound on loops stands for. Over `http://` the model requests go on connections of
-/// the service's own: 14 KB a loop over h2c (3103fa4), 47 KB over HTTP/1.1, a connection
-/// each way (d0fe2d9); to an `https://` provider through hyper's pooled HTTP/2 client,
-/// 21 KB (h2c through it at 419d942).
+/// the `h2` crate's own: 14 KB a loop; over HTTP/1.1, a connection each way through
+/// hyper-util's pooled client, 53 KB; to an `https://` provider through that client's
+/// HTTP/2, 21 KB.
 fn bytes_per_loop(settings: &Settings, bounds: &Bounds) -> usize {
     if bounds.per_loop > 1 {
-        47 * 1000
+        53 * 1000
     } else if settings.model_over_https() {
         21 * 1000
     } else {
@@ -312,5 +312,15 @@ pub(super) fn endpoints(settings: &Settings, chain: &ModelChain) {
         breaker.failure_percent,
         breaker.window,
         breaker.open.as_millis()
+    );
+    let transport = settings.model.transport;
+    let answer = transport.max_answer_bytes;
+    tracing::info!(
+        max_answer_bytes = answer,
+        keepalive_ms = transport.keep_alive.as_millis() as u64,
+        keepalive_timeout_ms = transport.keep_alive_timeout.as_millis() as u64,
+        "model answers: each read up to {answer} bytes (CHECKOUT_MODEL_MAX_ANSWER_BYTES), a longer one cut off there and not asked again of that endpoint: one answer's worth per loop in flight at most. HTTP/2 connections are PINGed every {} ms and dropped when a PING is not answered within {} ms",
+        transport.keep_alive.as_millis(),
+        transport.keep_alive_timeout.as_millis()
     );
 }

@@ -23,6 +23,10 @@ pub struct ChargeArguments {
     currency: Option<String>,
 }
 
+/// The longest arguments of a charge call that are read (a real one is some 60 bytes):
+/// longer ones are refused unread, and nothing of them is echoed to the model.
+pub const MAX_ARGUMENT_BYTES: usize = 1024;
+
 /// Why a charge call was refused: what the model is told, so that it can correct itself.
 #[derive(Debug, PartialEq, Eq)]
 pub enum ArgumentRefusal {
@@ -66,8 +70,14 @@ impl ArgumentRefusal {
 }
 
 impl ChargeArguments {
-    /// Parses the call's JSON text.
+    /// Parses the call's JSON text, if it is no longer than [`MAX_ARGUMENT_BYTES`].
     pub fn parse(text: &str) -> Result<ChargeArguments, ArgumentRefusal> {
+        if text.len() > MAX_ARGUMENT_BYTES {
+            return Err(ArgumentRefusal::Shape(format!(
+                "they are {} bytes; a charge's arguments take at most {MAX_ARGUMENT_BYTES}",
+                text.len()
+            )));
+        }
         serde_json::from_str(text).map_err(|err| ArgumentRefusal::Shape(err.to_string()))
     }
 

@@ -78,9 +78,8 @@ impl FailureKind {
             FailureKind::Timeout(_) => true,
             FailureKind::Model(err) => match err.stop {
                 Some(Stop::RetriesSpent) => true,
-                // The request retry does not repeat a malformed answer; the next attempt
-                // of the loop is a fresh conversation, which may well go right.
-                _ => matches!(err.kind, ModelErrorKind::Malformed(_)),
+                // Not an answer that cannot be used: the endpoints would send it again.
+                _ => false,
             },
             FailureKind::Tool(ToolFailure::Charge(ChargeError::Provider(err))) => {
                 err.is_transient()

@@ -23,7 +23,7 @@ use crate::assistant::LoopRetrySettings;
 use crate::caller::AuthMode;
 use crate::db::PoolSettings;
 use crate::model::scripted::FaultRule;
-use crate::model::{BreakerSettings, ModelEndpoint, RequestRetrySettings};
+use crate::model::{BreakerSettings, ModelEndpoint, RequestRetrySettings, TransportSettings};
 use crate::outbox::MailSettings;
 use crate::payments::stripe::StripeSettings;
 use crate::secret::Secret;
@@ -127,6 +127,8 @@ pub struct ModelSettings {
     pub file_fallbacks: Vec<ModelEndpoint>,
     /// Every endpoint's circuit breaker.
     pub breaker: BreakerSettings,
+    /// Every endpoint's connections, and how much of an answer is read.
+    pub transport: TransportSettings,
 }
 
 #[derive(Clone, Debug)]
@@ -243,9 +245,10 @@ impl Default for Settings {
                 file_fallbacks: Vec::new(),
                 breaker: BreakerSettings {
                     window: 20,
-                    failure_percent: 50,
+                    failure_percent: 90,
                     open: Duration::from_millis(5_000),
                 },
+                transport: TransportSettings::default(),
             },
             request: RequestRetrySettings {
                 timeout: Duration::from_millis(10_000),

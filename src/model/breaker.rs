@@ -19,6 +19,7 @@
 use std::collections::VecDeque;
 use std::future::Future;
 use std::pin::Pin;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::task::{Context, Poll};
 use std::time::{Duration, Instant};
@@ -237,15 +238,18 @@ impl Breaker {
     }
 }
 
-/// Whether an outcome is a transient failure of the endpoint: what the request retry
-/// would repeat, the request timeout included.
-fn failed(result: &Result<ChatResponse, BoxError>) -> bool {
+/// Whether an outcome is a transient failure of the endpoint (what the request retry
+/// would repeat, the request timeout included), a success, or neither: a send that timed
+/// out before it had a connection or stream to go on waited in the service, not on the
+/// endpoint.
+fn failed(result: &Result<ChatResponse, BoxError>, on_wire: bool) -> Option<bool> {
     match result {
-        Ok(_) => false,
-        Err(err) if err.is::<Elapsed>() => true,
-        Err(err) => err
-            .downcast_ref::<ModelError>()
-            .is_some_and(|e| e.kind.is_retryable()),
+        Ok(_) => Some(false),
+        Err(err) if err.is::<Elapsed>() => on_wire.then_some(true),
+        Err(err) => Some(
+            err.downcast_ref::<ModelError>()
+                .is_some_and(|e| e.kind.is_retryable()),
+        ),
     }
 }
 
@@ -282,7 +286,7 @@ where
         self.inner.poll_ready(cx)
     }
 
-    fn call(&mut self, call: ModelCall) -> Self::Future {
+    fn call(&mut self, mut call: ModelCall) -> Self::Future {
         let Some(admission) = self.breaker.admit() else {
             self.breaker.0.metrics.breaker_refused(self.breaker.label());
             let err = ModelError::new(ModelErrorKind::CircuitOpen);
@@ -292,10 +296,16 @@ where
             breaker: self.breaker.clone(),
             admission: Some(admission),
         };
+        let on_wire = Arc::new(AtomicBool::new(false));
+        call.on_wire = on_wire.clone();
         let sent = self.inner.call(call);
         Box::pin(async move {
             let result = sent.await;
-            guard.record(failed(&result));
+            match failed(&result, on_wire.load(Ordering::Relaxed)) {
+                Some(failed) => guard.record(failed),
+                // Uncounted: a trial's slot is freed as if it were abandoned.
+                None => drop(guard),
+            }
             result
         })
     }

@@ -1,7 +1,7 @@
 //! [`ModelCall`]: one chat-completions request as the model stack carries it, from the
 //! loop through the request retry to the transport.
 use std::sync::Arc;
-use std::sync::atomic::{AtomicU32, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
 
 use bytes::Bytes;
 
@@ -20,11 +20,20 @@ pub struct ModelCall {
     /// Another endpoint is next in line: a transient failure goes to it rather than
     /// being repeated here.
     pub failover: bool,
+    /// Set once this send has a connection or stream to go on: until then its time was
+    /// spent waiting in the service, which is not the endpoint's failure. Each send gets
+    /// its own (the circuit breaker gives it).
+    pub on_wire: Arc<AtomicBool>,
 }
 
 impl ModelCall {
     /// Counts one request sent.
     pub fn sending(&self) {
         self.sent.fetch_add(1, Ordering::Relaxed);
+    }
+
+    /// This send has a connection or stream to go on.
+    pub fn on_wire(&self) {
+        self.on_wire.store(true, Ordering::Relaxed);
     }
 }

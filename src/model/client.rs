@@ -1,33 +1,27 @@
-//! The chat-completions client: request retry ─► request timeout ─► one POST: on a kept
-//! HTTP/1.1 connection (`h1.rs`) or as a stream on a kept HTTP/2 one (`h2c.rs`) over
-//! `http://`, on hyper's pooled client over `https://`.
+//! The chat-completions client, one per model endpoint, as a tower stack (outermost
+//! first): request retry ─► circuit breaker ─► observe (span, metrics) ─► request timeout
+//! ─► the POST (`transport/`). This is the one description of the stack; the README and
+//! docs/models.md point here.
 
 use std::future::Future;
 use std::pin::Pin;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicU32, AtomicUsize, Ordering};
+use std::sync::atomic::AtomicU32;
 use std::task::{Context, Poll};
 use std::time::{Duration, SystemTime};
 
 use bytes::Bytes;
-use http_body_util::{BodyExt, Full};
+use hyper::Request;
 use hyper::header::{AUTHORIZATION, CONTENT_TYPE, HeaderMap, HeaderValue, RETRY_AFTER};
-use hyper::{Request, Response, Uri};
-use hyper_rustls::HttpsConnector;
-use hyper_util::client::legacy::Client;
-use hyper_util::client::legacy::connect::HttpConnector;
-use hyper_util::rt::{TokioExecutor, TokioTimer};
-use rustls_platform_verifier::ConfigVerifierExt;
 use tower::util::BoxCloneSyncService;
 use tower::{BoxError, Service, ServiceBuilder, ServiceExt};
 
 use super::breaker::{Breaker, BreakerLayer, BreakerSettings};
 use super::call::ModelCall;
 use super::error::{ModelError, ModelErrorKind};
-use super::h1::H1;
-use super::h2c::H2c;
 use super::observe::ObserveLayer;
 use super::retry::{RequestRetry, RequestRetrySettings};
+use super::transport::{Transport, TransportSettings};
 use super::wire::{AssistantMessage, ChatRequest, ChatResponse, TokenUsage};
 use crate::metrics::Metrics;
 use crate::secret::Secret;
@@ -41,8 +35,8 @@ pub struct ModelEndpoint {
     pub api_key: Option<Secret>,
     pub model: String,
     /// Speak HTTP/2 without TLS (prior knowledge) to an `http://` base URL: many requests
-    /// share a few connections ([`CONNECTIONS`]) instead of holding one each. Over
-    /// `https://` the client offers HTTP/2 by ALPN whatever this says.
+    /// share a few connections instead of holding one each. Over `https://` the client
+    /// offers HTTP/2 by ALPN whatever this says.
     pub h2c: bool,
 }
 
@@ -53,14 +47,9 @@ impl ModelEndpoint {
     }
 }
 
-/// HTTP/2 connections to one endpoint, its requests spread over them in turn (over
-/// `https://`, one pooled client each: hyper's, as reqwest's, keeps one HTTP/2 connection
-/// per host and queues streams beyond the server's limit on it, docs/overload.md, point
-/// 3). Over several, a provider's limit of streams per connection is that many times
-/// further, a broken connection fails only its share of the requests in flight, and the
-/// framing runs on as many tasks. Over HTTP/1.1 each request holds a connection of its
-/// own anyway.
-pub const CONNECTIONS: usize = 4;
+/// The most tool calls taken from one answer (a checkout needs two at most): an answer
+/// with more cannot be used, and the next endpoint is asked.
+pub const MAX_TOOL_CALLS: usize = 16;
 
 #[derive(Clone)]
 pub struct ModelClient {
@@ -70,31 +59,27 @@ pub struct ModelClient {
     metrics: Metrics,
 }
 
+/// How every endpoint's requests are made: retried, timed, broken, carried.
+#[derive(Clone, Debug)]
+pub struct ClientSettings {
+    pub retry: RequestRetrySettings,
+    pub breaker: BreakerSettings,
+    pub transport: TransportSettings,
+}
+
 impl ModelClient {
     /// `position`: 1 for the primary, 2 for the first fallback, …
     pub fn new(
         endpoint: &ModelEndpoint,
         position: usize,
-        retry: &RequestRetrySettings,
-        breaker: BreakerSettings,
+        settings: &ClientSettings,
         metrics: &Metrics,
     ) -> Result<Self, BoxError> {
-        // One TLS provider for the process: ring, which sqlx's rustls already brings.
-        let _ = rustls::crypto::ring::default_provider().install_default();
         let url = format!(
             "{}/chat/completions",
             endpoint.base_url.trim_end_matches('/')
         );
-        let uri: Uri = url.parse()?;
-        let https = match uri.scheme_str() {
-            Some("https") => true,
-            Some("http") => false,
-            _ => {
-                return Err(
-                    format!("the model's base URL {url} is not http:// or https://").into(),
-                );
-            }
-        };
+        let transport = Transport::new(url.parse()?, endpoint.h2c, &settings.transport)?;
         let authorization = match &endpoint.api_key {
             Some(key) => {
                 let mut value = HeaderValue::try_from(format!("Bearer {}", key.expose()))
@@ -104,25 +89,14 @@ impl ModelClient {
             }
             None => None,
         };
-        let wire = match uri.authority() {
-            _ if https => Wire::Pooled {
-                clients: https_clients()?,
-                next: AtomicUsize::new(0),
-            },
-            Some(authority) if endpoint.h2c => {
-                let port = authority.port_u16().unwrap_or(80);
-                Wire::H2c(H2c::new(format!("{}:{port}", authority.host())))
-            }
-            _ => Wire::H1(H1::new(&uri)?),
-        };
         let transport = ChatTransport(Arc::new(Endpoint {
-            wire,
-            uri,
+            transport,
             authorization,
         }));
         let target = metrics.genai_target(genai::PROVIDER, &endpoint.model);
         let label = format!("{}#{position}", endpoint.model);
-        let breaker = Breaker::new(endpoint.label(), label, breaker, metrics);
+        let breaker = Breaker::new(endpoint.label(), label, settings.breaker, metrics);
+        let retry = &settings.retry;
         let stack = ServiceBuilder::new()
             .retry(RequestRetry::new(retry, metrics))
             .layer(BreakerLayer(breaker.clone()))
@@ -168,11 +142,12 @@ impl ModelClient {
             attempt: 1,
             sent,
             failover,
+            on_wire: Default::default(),
         };
         let response = self.stack.clone().oneshot(call).await.map_err(|err| {
             match err.downcast::<ModelError>() {
                 Ok(model_err) => *model_err,
-                Err(other) => ModelError::new(ModelErrorKind::Malformed(other.to_string())),
+                Err(other) => ModelError::new(ModelErrorKind::Unusable(other.to_string())),
             }
         })?;
         let message = response
@@ -180,11 +155,13 @@ impl ModelClient {
             .into_iter()
             .next()
             .map(|choice| choice.message)
-            .ok_or_else(|| {
-                ModelError::new(ModelErrorKind::Malformed(
-                    "the answer has no choices".into(),
-                ))
-            })?;
+            .ok_or_else(|| ModelError::unusable("the answer has no choices".into()))?;
+        let calls = message.tool_calls.as_ref().map_or(0, Vec::len);
+        if calls > MAX_TOOL_CALLS {
+            return Err(ModelError::unusable(format!(
+                "the answer asks for {calls} tool calls; at most {MAX_TOOL_CALLS} are taken from one answer"
+            )));
+        }
         Ok(Completion {
             message,
             usage: response.usage,
@@ -213,42 +190,10 @@ pub struct Completion {
 #[derive(Clone)]
 struct ChatTransport(Arc<Endpoint>);
 
-/// hyper's client (not reqwest's, which wraps it): a request is a `Uri` parsed once, with
-/// no URL to parse, map and format again on every send for a redirect policy and a retry
-/// policy a POST to a model does not want (reqwest's layers cost a keyless checkout some
-/// 66,000 of its 378,000 instructions: docs/benchmark.md, figure 7).
-type Http = Client<HttpsConnector<HttpConnector>, Full<Bytes>>;
-
 struct Endpoint {
-    wire: Wire,
-    uri: Uri,
+    transport: Transport,
     /// `Bearer <key>`, marked sensitive.
     authorization: Option<HeaderValue>,
-}
-
-/// A TCP connection to `authority` (`host:port`), without Nagle's delay: what the
-/// connections of `h1.rs` and `h2c.rs` run on.
-pub(super) async fn tcp(authority: &str) -> Result<tokio::net::TcpStream, ModelError> {
-    let tcp = tokio::net::TcpStream::connect(authority)
-        .await
-        .map_err(ModelError::connect)?;
-    let _ = tcp.set_nodelay(true);
-    Ok(tcp)
-}
-
-/// How the requests go: over `http://` on connections of our own (`h1.rs`, `h2c.rs`),
-/// over `https://` on hyper's pooled client.
-enum Wire {
-    /// HTTP/1.1, a kept-alive connection a request.
-    H1(H1),
-    /// HTTP/2 by prior knowledge, on the `h2` crate.
-    H2c(H2c),
-    /// What ALPN picks, HTTP/2 or HTTP/1.1: [`CONNECTIONS`] clients, each with its own
-    /// pool, taken in turn.
-    Pooled {
-        clients: Box<[Http]>,
-        next: AtomicUsize,
-    },
 }
 
 impl Service<ModelCall> for ChatTransport {
@@ -276,7 +221,7 @@ impl Endpoint {
             "model request"
         );
         let head = || {
-            let mut request = Request::post(self.uri.clone())
+            let mut request = Request::post(self.transport.uri().clone())
                 .header(CONTENT_TYPE, HeaderValue::from_static("application/json"))
                 .body(())
                 .expect("a parsed URI and static headers make a request");
@@ -287,14 +232,7 @@ impl Endpoint {
             genai::inject_traceparent(headers);
             request
         };
-        let response = match &self.wire {
-            Wire::H1(h1) => h1.send(head, call.body).await?,
-            Wire::H2c(h2c) => h2c.send(head, call.body).await?,
-            Wire::Pooled { clients, next } => {
-                let turn = next.fetch_add(1, Ordering::Relaxed) % clients.len();
-                pooled(&clients[turn], head().map(|()| Full::new(call.body))).await?
-            }
-        };
+        let response = self.transport.send(head, &call).await?;
         let status = response.status();
         let retry_after = retry_after(response.headers());
         let body = response.into_body();
@@ -315,55 +253,15 @@ impl Endpoint {
             }));
         }
         // The body's UTF-8 checked once, not string by string as `from_slice` checks it.
-        std::str::from_utf8(&body)
-            .map_err(|err| err.to_string())
-            .and_then(|text| serde_json::from_str(text).map_err(|err| err.to_string()))
-            .map_err(|err| ModelError::new(ModelErrorKind::Malformed(err)))
+        let text = std::str::from_utf8(&body)
+            .map_err(|err| ModelError::unusable(format!("its body is not UTF-8 text ({err})")))?;
+        serde_json::from_str(text).map_err(|err| {
+            let start: String = text.chars().take(80).collect();
+            ModelError::unusable(format!(
+                "its body is not a chat completion ({err}); it starts: {start:?}"
+            ))
+        })
     }
-}
-
-/// [`CONNECTIONS`] pooled clients for an `https://` endpoint, sharing one TLS
-/// configuration: the platform's verifier, loaded only for an endpoint that needs it.
-fn https_clients() -> Result<Box<[Http]>, BoxError> {
-    let tls = rustls::ClientConfig::with_platform_verifier()?;
-    let client = || {
-        let mut tcp = HttpConnector::new();
-        tcp.set_nodelay(true);
-        tcp.enforce_http(false);
-        let connector = hyper_rustls::HttpsConnectorBuilder::new()
-            .with_tls_config(tls.clone())
-            .https_only()
-            .enable_http1()
-            .enable_http2()
-            .wrap_connector(tcp);
-        let mut http = Client::builder(TokioExecutor::new());
-        http.pool_idle_timeout(Duration::from_secs(90))
-            .pool_timer(TokioTimer::new())
-            .timer(TokioTimer::new());
-        http.build(connector)
-    };
-    Ok((0..CONNECTIONS).map(|_| client()).collect())
-}
-
-/// One request on hyper's pooled client, and its whole answer.
-async fn pooled(http: &Http, request: Request<Full<Bytes>>) -> Result<Response<Bytes>, ModelError> {
-    let (head, body) = http
-        .request(request)
-        .await
-        .map_err(|err| {
-            if err.is_connect() {
-                ModelError::connect(err)
-            } else {
-                ModelError::transport(err)
-            }
-        })?
-        .into_parts();
-    let body = body
-        .collect()
-        .await
-        .map_err(ModelError::transport)?
-        .to_bytes();
-    Ok(Response::from_parts(head, body))
 }
 
 /// `Retry-After` as delay-seconds or an HTTP date.

@@ -25,8 +25,12 @@ pub enum ModelErrorKind {
         message: String,
         retry_after: Option<Duration>,
     },
-    #[error("the model provider's answer is not a chat completion: {0}")]
-    Malformed(String),
+    /// An answer that cannot be used, and that a repeat on the same endpoint would get
+    /// again: not a chat completion, over the size bound, a head that is not valid HTTP,
+    /// an encoding not asked for, a redirect. Not repeated here; the next endpoint, if
+    /// any, is asked once.
+    #[error("the model provider's answer cannot be used: {0}")]
+    Unusable(String),
     /// Not sent: the endpoint's circuit breaker is open.
     #[error("the model endpoint's circuit breaker is open: no request was sent to it")]
     CircuitOpen,
@@ -45,7 +49,7 @@ impl ModelErrorKind {
                 429 => code.as_deref() != Some("insufficient_quota"),
                 _ => false,
             },
-            ModelErrorKind::Malformed(_) | ModelErrorKind::CircuitOpen => false,
+            ModelErrorKind::Unusable(_) | ModelErrorKind::CircuitOpen => false,
         }
     }
 
@@ -63,7 +67,7 @@ impl ModelErrorKind {
     }
 
     /// A short stable name of the failure, for metrics labels (`error.type` in the GenAI
-    /// conventions): `connect`, `timeout`, `transport`, `http_<status>`, `malformed`.
+    /// conventions): `connect`, `timeout`, `transport`, `http_<status>`, `unusable`.
     pub fn reason(&self) -> &'static str {
         match self {
             ModelErrorKind::Connect(_) => "connect",
@@ -85,7 +89,7 @@ impl ModelErrorKind {
                 500..600 => "http_5xx",
                 _ => "http_other",
             },
-            ModelErrorKind::Malformed(_) => "malformed",
+            ModelErrorKind::Unusable(_) => "unusable",
             ModelErrorKind::CircuitOpen => "circuit_open",
         }
     }
@@ -104,18 +108,23 @@ impl ModelError {
         ModelError::new(ModelErrorKind::Connect(err.into()))
     }
 
+    /// An answer that cannot be used, for `why`.
+    pub fn unusable(why: String) -> Self {
+        ModelError::new(ModelErrorKind::Unusable(why))
+    }
+
     /// The connection failed under a request.
     pub fn transport(err: impl Into<BoxError>) -> Self {
         ModelError::new(ModelErrorKind::Transport(err.into()))
     }
 
     /// Whether the next endpoint may answer this turn: this one failed transiently (its
-    /// request retry gave up, or left it to the next), its breaker is open, or the
-    /// conversation is too long for it (the next may have the room). Never a refusal
+    /// request retry gave up, or left it to the next), its breaker is open, its answer
+    /// cannot be used (once: the next's may), or the conversation is too long for it (the next may have the room). Never a refusal
     /// that is ours (a bad key, a bad request, a content policy).
     pub fn fails_over(&self) -> bool {
         match &self.kind {
-            ModelErrorKind::CircuitOpen => true,
+            ModelErrorKind::CircuitOpen | ModelErrorKind::Unusable(_) => true,
             ModelErrorKind::Status {
                 status: 400, code, ..
             } => code.as_deref() == Some("context_length_exceeded"),
@@ -133,7 +142,7 @@ impl Unit for ModelErrorKind {
     }
 
     fn foreign(err: &BoxError) -> Self {
-        ModelErrorKind::Malformed(err.to_string())
+        ModelErrorKind::Unusable(err.to_string())
     }
 }
 

@@ -3,7 +3,7 @@
 
 use crate::common::proxy::Proxy;
 use crate::common::{Backend, Harness, Reply, TestDb, scripted, test_settings};
-use checkout::model::client::CONNECTIONS;
+use checkout::model::transport::CONNECTIONS;
 use serde_json::Value;
 
 fn is_uuid_v7(text: &str) -> bool {

@@ -11,6 +11,7 @@ mod db_restart;
 mod email;
 mod endpoint;
 mod faults;
+mod hostile;
 mod idempotency;
 mod journal;
 mod metrics;

@@ -328,3 +328,52 @@ both_backends!(
         assert_eq!(h.model.requests(), 4);
     }
 );
+
+/// A busy provider is not an outage: one endpoint (no fallback) answering a random 20 %
+/// of its requests 503, 400 checkouts at 32 in flight, the default breaker: every one
+/// answered 200 with its one receipt, and the breaker never opened (seen failing with
+/// the breaker of 0ab22e2, a window of 20 at 50 %: it opened on a burst, and the
+/// checkouts of the next 5 s answered 502 "circuit breaker is open").
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn one_endpoint_failing_a_fifth_of_its_requests_opens_no_breaker_and_fails_no_checkout() {
+    let h = Harness::with(Backend::Sqlite, "503%20", |s| {
+        s.model.breaker = Settings::default().model.breaker;
+        s.request.timeout = Duration::from_millis(2_000);
+    })
+    .await;
+    let next = std::sync::atomic::AtomicU32::new(0);
+    let worker = || async {
+        let mut answers = Vec::new();
+        loop {
+            let i = next.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+            if i >= 400 {
+                return answers;
+            }
+            let reply = h.checkout(&format!("BUSY-{i}"), "2.00").await;
+            answers.push((reply.status, reply.text()));
+        }
+    };
+    let answers: Vec<_> = futures_util::future::join_all((0..32).map(|_| worker()))
+        .await
+        .into_iter()
+        .flatten()
+        .collect();
+    assert_eq!(answers.len(), 400);
+    let failed: Vec<_> = answers
+        .iter()
+        .filter(|(status, _)| *status != 200)
+        .collect();
+    assert!(
+        failed.is_empty(),
+        "{} failed, the first: {:?}",
+        failed.len(),
+        failed.first()
+    );
+    assert_eq!(h.db.all_receipts().await, 400);
+    assert_eq!(breakers(&h).await, ["closed"]);
+    let opened = h.get("/metrics").await.text();
+    assert!(
+        !opened.contains("checkout_model_breaker_transitions_total"),
+        "no transition:\n{opened}"
+    );
+}

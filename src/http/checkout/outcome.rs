@@ -16,7 +16,6 @@ use crate::http::receipts::ReceiptView;
 use crate::http::state::AppState;
 use crate::outbox::Confirmation;
 use crate::payments::ChargeError;
-use crate::retry::Stop;
 
 /// A confirmed checkout.
 #[derive(Serialize, ToSchema)]
@@ -135,9 +134,11 @@ pub(super) fn success(
 }
 
 /// A paid order is never an error: a checkout whose order its attempts saw charged, and
-/// that then ran out of time or of model endpoints for the confirmation sentence once
-/// the loop retry had its say, is confirmed with a sentence the service writes from the
-/// receipt.
+/// that then failed in any way (out of time, of rounds, of model endpoints, a refusal by
+/// the provider, the loop retry off), is confirmed with a sentence the service writes
+/// from the receipt. Except for a run that lost its operation to another instance: the
+/// operation's answer is that instance's to give (409 `in_flight` here, its saved answer
+/// on the client's retry), so that one key never has two different answers.
 pub(super) fn paid_anyway(
     ctx: &CheckoutContext,
     err: CheckoutError,
@@ -145,19 +146,14 @@ pub(super) fn paid_anyway(
     let ChargeStatus::Charged(receipt) = ctx.charge_status() else {
         return Err(err);
     };
-    // With the loop retry off, a transient failure stays an error that leaves the key
-    // usable: the client's retry is the retry, and resumes from the journal to get the
-    // model's own sentence.
-    if !matches!(err.kind, FailureKind::Timeout(_) | FailureKind::Model(_))
-        || err.stop == Some(Stop::Off)
-    {
+    if matches!(err.kind, FailureKind::Journal(JournalFailure::LeaseLost)) {
         return Err(err);
     }
     tracing::warn!(
         order = %receipt.order_id,
         receipt = %receipt.id,
         error = %err,
-        "the order is charged but no model wrote its confirmation in time; the service writes it from the receipt"
+        "the order is charged but the loop did not end with the model's confirmation; the service writes it from the receipt"
     );
     Ok(CheckoutOutcome::written_by_service(
         ctx,

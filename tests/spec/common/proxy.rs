@@ -1,10 +1,11 @@
-//! A TCP proxy in front of a peer (Postgres in db_restart.rs, the model in endpoint.rs)
-//! that a test can break the way a restart breaks it: live connections die, new ones are
-//! refused, replies go missing.
+//! A TCP proxy in front of a server (Postgres, a model) that a test can break the way a
+//! restart breaks it (live connections die, new ones are refused, replies go missing) or
+//! the way a NAT or balancer that drops a flow breaks it (live connections go silent,
+//! with no FIN and no RST, while new ones relay).
 
 use std::net::SocketAddr;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicU8, Ordering};
+use std::sync::atomic::{AtomicU8, AtomicU64, Ordering};
 
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream};
@@ -20,6 +21,8 @@ pub struct Proxy {
     pub addr: SocketAddr,
     mode: Arc<AtomicU8>,
     cut: watch::Sender<u64>,
+    /// Times `freeze` was called: a relay born before the last call forwards nothing.
+    frozen: Arc<AtomicU64>,
     accept: tokio::task::JoinHandle<()>,
 }
 
@@ -35,8 +38,9 @@ impl Proxy {
         let addr = listener.local_addr().unwrap();
         let mode = Arc::new(AtomicU8::new(PASS));
         let (cut, _) = watch::channel(0u64);
+        let frozen = Arc::new(AtomicU64::new(0));
         let accept = {
-            let (mode, cut) = (mode.clone(), cut.clone());
+            let (mode, cut, frozen) = (mode.clone(), cut.clone(), frozen.clone());
             tokio::spawn(async move {
                 while let Ok((client, _)) = listener.accept().await {
                     if mode.load(Ordering::SeqCst) == DOWN {
@@ -46,7 +50,11 @@ impl Proxy {
                     let Ok(server) = TcpStream::connect(target).await else {
                         continue;
                     };
-                    tokio::spawn(relay(client, server, mode.clone(), cut.subscribe()));
+                    let silent = Silent {
+                        frozen: frozen.clone(),
+                        born: frozen.load(Ordering::SeqCst),
+                    };
+                    tokio::spawn(relay(client, server, mode.clone(), cut.subscribe(), silent));
                 }
             })
         };
@@ -54,6 +62,7 @@ impl Proxy {
             addr,
             mode,
             cut,
+            frozen,
             accept,
         }
     }
@@ -73,6 +82,24 @@ impl Proxy {
     pub fn up(&self) {
         self.mode.store(PASS, Ordering::SeqCst);
     }
+
+    /// Every live connection goes silent: what either side sends is dropped, and neither
+    /// is told (no FIN, no RST). Connections made after it relay as usual.
+    pub fn freeze(&self) {
+        self.frozen.fetch_add(1, Ordering::SeqCst);
+    }
+}
+
+/// Whether a relay's flow was dropped: it was born before the last `freeze`.
+struct Silent {
+    frozen: Arc<AtomicU64>,
+    born: u64,
+}
+
+impl Silent {
+    fn now(&self) -> bool {
+        self.frozen.load(Ordering::SeqCst) > self.born
+    }
 }
 
 async fn relay(
@@ -80,6 +107,7 @@ async fn relay(
     server: TcpStream,
     mode: Arc<AtomicU8>,
     mut cut: watch::Receiver<u64>,
+    silent: Silent,
 ) {
     let (mut client_read, mut client_write) = client.into_split();
     let (mut server_read, mut server_write) = server.into_split();
@@ -90,7 +118,9 @@ async fn relay(
             if n == 0 {
                 return Ok::<_, std::io::Error>(());
             }
-            server_write.write_all(&buf[..n]).await?;
+            if !silent.now() {
+                server_write.write_all(&buf[..n]).await?;
+            }
         }
     };
     let downstream = async {
@@ -100,7 +130,7 @@ async fn relay(
             if n == 0 {
                 return Ok::<_, std::io::Error>(());
             }
-            if mode.load(Ordering::SeqCst) != SWALLOW_REPLIES {
+            if mode.load(Ordering::SeqCst) != SWALLOW_REPLIES && !silent.now() {
                 client_write.write_all(&buf[..n]).await?;
             }
         }

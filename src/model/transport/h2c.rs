@@ -1,0 +1,292 @@
+//! HTTP/2 without TLS (prior knowledge) to a model server that takes it, each request a
+//! stream on the `h2` crate's own connections: a request waiting for its answer holds
+//! its stream and a small future, where hyper's pooled client holds a boxed future and a
+//! spawned task more for each (bench/results.md, figure 2).
+//!
+//! A pool, not a fixed set: requests go to [`CONNECTIONS`] connections in turn, and a
+//! new one is opened (up to [`MAX_H2C_CONNECTIONS`], one connect at a time) when every
+//! stream the server allows on the open ones is taken, so a server's stream limit does
+//! not queue requests in the service until their timeout. Each connection is PINGed
+//! every keep-alive interval; one that does not answer within the PING timeout (a NAT or
+//! balancer dropped the flow without FIN or RST) is dropped, and its requests that had no
+//! answer yet go once more at once on another connection, as do requests a connection
+//! refused (GOAWAY, REFUSED_STREAM) or closed before answering.
+
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
+
+use bytes::{Bytes, BytesMut};
+use h2::client::SendRequest;
+use h2::{Ping, RecvStream};
+use hyper::header::{CONTENT_LENGTH, HeaderValue};
+use hyper::{Request, Response};
+use tokio::sync::{Notify, oneshot};
+use tokio::task::JoinHandle;
+
+use super::{CONNECTIONS, MAX_H2C_CONNECTIONS, TransportSettings, check_head, over_bound, tcp};
+use crate::model::call::ModelCall;
+use crate::model::error::ModelError;
+
+pub struct H2c {
+    /// `host:port` of the base URL.
+    authority: String,
+    settings: TransportSettings,
+    pool: Mutex<Pool>,
+    /// Told when a connect ends, for the requests that waited on it.
+    connected: Notify,
+    next: AtomicUsize,
+}
+
+#[derive(Default)]
+struct Pool {
+    open: Vec<Arc<Connection>>,
+    connecting: usize,
+}
+
+/// One open connection: the handle that opens streams on it, the task that runs it (and
+/// PINGs it), and its streams in use.
+struct Connection {
+    send: SendRequest<Bytes>,
+    task: JoinHandle<()>,
+    active: AtomicUsize,
+}
+
+/// A stream taken on a connection; given back when dropped.
+struct Taken(Arc<Connection>);
+
+impl Drop for Taken {
+    fn drop(&mut self) {
+        self.0.active.fetch_sub(1, Ordering::Relaxed);
+    }
+}
+
+enum Next {
+    Go(Taken),
+    Connect,
+    Wait,
+}
+
+impl H2c {
+    pub fn new(authority: String, settings: &TransportSettings) -> Self {
+        H2c {
+            authority,
+            settings: *settings,
+            pool: Mutex::new(Pool::default()),
+            connected: Notify::new(),
+            next: AtomicUsize::new(0),
+        }
+    }
+
+    /// POSTs `body` with the URI and headers of `head()`, and reads the answer up to
+    /// `limit` bytes. A request that found its connection gone before any byte of the
+    /// answer came back goes once more at once, on another connection.
+    pub async fn send(
+        &self,
+        head: impl Fn() -> Request<()>,
+        call: &ModelCall,
+        limit: usize,
+    ) -> Result<Response<Bytes>, ModelError> {
+        // As hyper's client writes it: some servers want it even over HTTP/2.
+        let length = HeaderValue::from(call.body.len());
+        let head = || {
+            let mut head = head();
+            head.headers_mut().insert(CONTENT_LENGTH, length.clone());
+            head
+        };
+        let mut again = true;
+        loop {
+            let taken = self.take().await?;
+            match self.exchange(&taken, head(), call).await {
+                Ok((head, incoming)) => {
+                    check_head(head.status.as_u16(), &head.headers, limit)?;
+                    let body = read(incoming, limit).await?;
+                    return Ok(Response::from_parts(head, body));
+                }
+                Err(Unanswered { err, unseen }) => {
+                    // Refused before the server looked at it (REFUSED_STREAM, above a
+                    // GOAWAY's last stream, a connection already gone), or its
+                    // connection ended under it (closed, or dropped for a PING
+                    // unanswered): not the stream's own reset by the server.
+                    let resend = unseen
+                        || err.reason() == Some(h2::Reason::REFUSED_STREAM)
+                        || err.is_go_away()
+                        || !err.is_reset();
+                    if again && resend {
+                        again = false;
+                        call.sending();
+                        tracing::debug!(error = %err, "the model connection ended before the request was answered; sending it again on another connection");
+                        continue;
+                    }
+                    return Err(ModelError::transport(err));
+                }
+            }
+        }
+    }
+
+    /// Opens the stream, sends the request and waits for the answer's head.
+    async fn exchange(
+        &self,
+        taken: &Taken,
+        head: Request<()>,
+        call: &ModelCall,
+    ) -> Result<(hyper::http::response::Parts, RecvStream), Unanswered> {
+        let unseen = |err| Unanswered { err, unseen: true };
+        let mut send = taken.0.send.clone().ready().await.map_err(unseen)?;
+        call.on_wire();
+        let (response, mut stream) = send.send_request(head, false).map_err(unseen)?;
+        // Buffered whole: the window a stream opens with (64 KiB) holds a chat request.
+        stream.send_data(call.body.clone(), true).map_err(unseen)?;
+        let response = response
+            .await
+            .map_err(|err| Unanswered { err, unseen: false })?;
+        Ok(response.into_parts())
+    }
+
+    /// A stream on the least busy way: an open connection with a stream free (in turn),
+    /// else a new connection, else (at the bound) the open one with the fewest streams
+    /// taken, where h2 queues it.
+    async fn take(&self) -> Result<Taken, ModelError> {
+        loop {
+            // Made under the lock, so that a connect ending after it is not missed.
+            let connected = self.connected.notified();
+            let next = {
+                let mut pool = self.pool.lock().expect("never poisoned");
+                pool.open.retain(|c| !c.task.is_finished());
+                self.choose(&mut pool)
+            };
+            match next {
+                Next::Go(taken) => return Ok(taken),
+                Next::Wait => connected.await,
+                Next::Connect => {
+                    let made = self.connect().await;
+                    let mut pool = self.pool.lock().expect("never poisoned");
+                    pool.connecting -= 1;
+                    let made = made.map(|c| {
+                        let c = Arc::new(c);
+                        pool.open.push(c.clone());
+                        c
+                    });
+                    drop(pool);
+                    self.connected.notify_waiters();
+                    let connection = made?;
+                    connection.active.fetch_add(1, Ordering::Relaxed);
+                    return Ok(Taken(connection));
+                }
+            }
+        }
+    }
+
+    fn choose(&self, pool: &mut Pool) -> Next {
+        let open = pool.open.len();
+        let free =
+            |c: &Connection| c.active.load(Ordering::Relaxed) < c.send.current_max_send_streams();
+        if open > 0 && (open >= CONNECTIONS || pool.connecting > 0) {
+            let start = self.next.fetch_add(1, Ordering::Relaxed);
+            for i in 0..open {
+                let c = &pool.open[(start + i) % open];
+                if free(c) {
+                    c.active.fetch_add(1, Ordering::Relaxed);
+                    return Next::Go(Taken(c.clone()));
+                }
+            }
+        }
+        let ways = open + pool.connecting;
+        if ways < CONNECTIONS || (pool.connecting == 0 && ways < MAX_H2C_CONNECTIONS) {
+            pool.connecting += 1;
+            return Next::Connect;
+        }
+        if pool.connecting > 0 {
+            return Next::Wait;
+        }
+        let least = pool
+            .open
+            .iter()
+            .min_by_key(|c| c.active.load(Ordering::Relaxed))
+            .expect("at the bound, connections are open");
+        least.active.fetch_add(1, Ordering::Relaxed);
+        Next::Go(Taken(least.clone()))
+    }
+
+    /// A new connection, handed out once the server's SETTINGS are in (its stream limit
+    /// among them): they come before its answer to a first PING.
+    async fn connect(&self) -> Result<Connection, ModelError> {
+        let s = &self.settings;
+        let tcp = tcp(&self.authority, s.connect_timeout).await?;
+        // hyper's client's windows, the stream's no larger than an answer may be.
+        let (send, mut connection) = h2::client::Builder::new()
+            .initial_window_size(s.max_answer_bytes.clamp(65_535, 2 << 20) as u32)
+            .initial_connection_window_size(5 << 20)
+            .max_header_list_size(16 << 10)
+            .enable_push(false)
+            .handshake(tcp)
+            .await
+            .map_err(ModelError::connect)?;
+        let mut pings = connection.ping_pong().expect("taken once, here");
+        let (every, within) = (s.keep_alive, s.keep_alive_timeout);
+        let (settled, settling) = oneshot::channel();
+        let task = tokio::spawn(async move {
+            let mut settled = Some(settled);
+            let mut tick = tokio::time::interval(every);
+            loop {
+                tokio::select! {
+                    ended = &mut connection => {
+                        if let Err(err) = ended {
+                            tracing::debug!(error = %err, "model connection closed");
+                        }
+                        return;
+                    }
+                    _ = tick.tick() => {
+                        let pong = tokio::time::timeout(within, pings.ping(Ping::opaque()));
+                        tokio::select! {
+                            _ = &mut connection => return,
+                            answered = pong => match (answered, settled.take()) {
+                                (Ok(Ok(_)), Some(settled)) => { let _ = settled.send(()); }
+                                (Ok(Ok(_)), None) => {}
+                                // The first PING unanswered: the connect fails.
+                                (_, Some(_)) => return,
+                                (_, None) => {
+                                    tracing::warn!(within_ms = within.as_millis() as u64, "a model connection did not answer its PING; dropped, its requests go to another");
+                                    return;
+                                }
+                            }
+                        }
+                    }
+                }
+            }
+        });
+        settling.await.map_err(|_| {
+            ModelError::connect(format!(
+                "the server did not answer the connection's first PING within {} ms",
+                within.as_millis()
+            ))
+        })?;
+        Ok(Connection {
+            send,
+            task,
+            active: AtomicUsize::new(0),
+        })
+    }
+}
+
+/// The answer's body, up to `limit` bytes: past it, the stream is reset (dropped).
+async fn read(mut incoming: RecvStream, limit: usize) -> Result<Bytes, ModelError> {
+    let mut body = BytesMut::new();
+    while let Some(chunk) = incoming.data().await {
+        let chunk = chunk.map_err(ModelError::transport)?;
+        let _ = incoming.flow_control().release_capacity(chunk.len());
+        if body.len() + chunk.len() > limit {
+            return Err(over_bound(limit));
+        }
+        if body.is_empty() && incoming.is_end_stream() {
+            return Ok(chunk);
+        }
+        body.extend_from_slice(&chunk);
+    }
+    Ok(body.freeze())
+}
+
+/// A request that got no answer; `unseen` when it never reached the server.
+struct Unanswered {
+    err: h2::Error,
+    unseen: bool,
+}

@@ -1,0 +1,334 @@
+//! How one chat-completions POST travels, and how much of its answer is read.
+//!
+//! - `http://` and `https://`, HTTP/1.1 or (by ALPN) HTTP/2: hyper-util's pooled client,
+//!   which reaps idle connections, retries a request a reused connection refused before
+//!   sending it, and (HTTP/2) sends keep-alive PINGs. A request whose connection ended
+//!   after it was sent and before any byte of the answer came back (the server closed a
+//!   kept-alive one as the request arrived: the keep-alive race; or a balancer dropped a
+//!   new one) goes once more at once, on a new connection: only that one's outcome
+//!   counts, for the request retry and the circuit breaker. A model request has no
+//!   effect of ours, so sending it again is always safe.
+//! - `http://` with `CHECKOUT_MODEL_H2C`: HTTP/2 by prior knowledge on the `h2` crate's
+//!   own connections (`h2c.rs`).
+//!
+//! Every answer is read up to [`TransportSettings::max_answer_bytes`]: a longer one is
+//! cut off, its connection closed, and the request fails as [`Unusable`](super::ModelErrorKind::Unusable)
+//! (a repeat on this endpoint would get the same). So are an answer head hyper cannot
+//! read, an encoding the client did not ask for, and a redirect.
+
+mod h2c;
+
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::time::Duration;
+
+use bytes::Bytes;
+use http_body_util::{BodyExt, Full, Limited};
+use hyper::header::{CONTENT_ENCODING, CONTENT_LENGTH, HeaderMap, LOCATION};
+use hyper::{Request, Response, Uri};
+use hyper_rustls::HttpsConnector;
+use hyper_util::client::legacy::Client;
+use hyper_util::client::legacy::connect::HttpConnector;
+use hyper_util::rt::{TokioExecutor, TokioTimer};
+use rustls_platform_verifier::ConfigVerifierExt;
+use tower::BoxError;
+
+use self::h2c::H2c;
+use super::call::ModelCall;
+use super::error::ModelError;
+
+/// HTTP/2 connections an endpoint starts with, its requests spread over them in turn: a
+/// broken connection fails only its share of the requests in flight, and the framing
+/// runs on as many tasks. Over h2c more are opened (up to [`MAX_H2C_CONNECTIONS`]) when
+/// every stream the server allows on these is taken. Over `https://`, one pooled client
+/// each.
+pub const CONNECTIONS: usize = 4;
+
+/// The most h2c connections to one endpoint: a server that allows one stream per
+/// connection gets up to this many requests at once before they queue in the service.
+pub const MAX_H2C_CONNECTIONS: usize = 256;
+
+/// How the model's connections are kept and how much of an answer is read.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct TransportSettings {
+    /// The most bytes of one answer's body that are read (`CHECKOUT_MODEL_MAX_ANSWER_BYTES`).
+    pub max_answer_bytes: usize,
+    /// A PING on each HTTP/2 connection this often (`CHECKOUT_MODEL_KEEPALIVE_MS`)…
+    pub keep_alive: Duration,
+    /// …and a connection whose PING is not answered within this is dropped and made
+    /// again (`CHECKOUT_MODEL_KEEPALIVE_TIMEOUT_MS`).
+    pub keep_alive_timeout: Duration,
+    /// A TCP connect that takes longer fails (`CHECKOUT_MODEL_CONNECT_TIMEOUT_MS`).
+    pub connect_timeout: Duration,
+}
+
+impl TransportSettings {
+    /// A real answer is about 1 KB (tests/fixtures/llama-server); the loop asks for at
+    /// most 512 tokens, some 12 KB of JSON even if every byte came `\u`-escaped. 64 KiB is
+    /// five times that.
+    pub const DEFAULT_MAX_ANSWER_BYTES: usize = 64 << 10;
+}
+
+impl Default for TransportSettings {
+    fn default() -> Self {
+        TransportSettings {
+            max_answer_bytes: Self::DEFAULT_MAX_ANSWER_BYTES,
+            keep_alive: Duration::from_secs(10),
+            keep_alive_timeout: Duration::from_secs(5),
+            connect_timeout: Duration::from_secs(5),
+        }
+    }
+}
+
+/// Where the requests go, and on what.
+pub struct Transport {
+    wire: Wire,
+    uri: Uri,
+    max_answer_bytes: usize,
+}
+
+enum Wire {
+    /// hyper-util's pooled clients, taken in turn, and one without a pool for a request
+    /// whose connection ended unanswered.
+    Pooled {
+        clients: Box<[Http]>,
+        next: AtomicUsize,
+        fresh: Http,
+    },
+    /// HTTP/2 by prior knowledge, on the `h2` crate.
+    H2c(H2c),
+}
+
+type Http = Client<HttpsConnector<HttpConnector>, Full<Bytes>>;
+
+impl Transport {
+    pub fn new(uri: Uri, h2c: bool, settings: &TransportSettings) -> Result<Self, BoxError> {
+        let https = match uri.scheme_str() {
+            Some("https") => true,
+            Some("http") => false,
+            _ => return Err(format!("the model's URL {uri} is not http:// or https://").into()),
+        };
+        let wire = match uri.authority() {
+            Some(authority) if h2c && !https => {
+                let port = authority.port_u16().unwrap_or(80);
+                Wire::H2c(H2c::new(format!("{}:{port}", authority.host()), settings))
+            }
+            _ => {
+                let count = if https { CONNECTIONS } else { 1 };
+                let clients = (0..count)
+                    .map(|_| pooled_client(https, settings, true))
+                    .collect::<Result<_, _>>()?;
+                Wire::Pooled {
+                    clients,
+                    next: AtomicUsize::new(0),
+                    fresh: pooled_client(https, settings, false)?,
+                }
+            }
+        };
+        Ok(Transport {
+            wire,
+            uri,
+            max_answer_bytes: settings.max_answer_bytes,
+        })
+    }
+
+    pub fn uri(&self) -> &Uri {
+        &self.uri
+    }
+
+    /// POSTs the call's body with the head of `head()`, and reads the answer up to the
+    /// bound. The call hears when the request has a connection or stream to go on (time
+    /// before it was spent waiting in the service, not on the endpoint) and when it is
+    /// sent again on a new connection (a request more).
+    pub async fn send(
+        &self,
+        head: impl Fn() -> Request<()>,
+        call: &ModelCall,
+    ) -> Result<Response<Bytes>, ModelError> {
+        let limit = self.max_answer_bytes;
+        let body = call.body.clone();
+        let (clients, next, fresh) = match &self.wire {
+            Wire::H2c(h2c) => return h2c.send(head, call, limit).await,
+            Wire::Pooled {
+                clients,
+                next,
+                fresh,
+            } => (clients, next, fresh),
+        };
+        call.on_wire();
+        let http = &clients[next.fetch_add(1, Ordering::Relaxed) % clients.len()];
+        let request = head().map(|()| Full::new(body.clone()));
+        let response = match http.request(request).await {
+            Ok(response) => response,
+            Err(err) if dropped_unanswered(&err) => {
+                tracing::debug!(error = %err, "the model connection ended before any byte of an answer (the keep-alive race, or a dropped connection); sending the request again on a new connection");
+                call.sending();
+                fresh
+                    .request(head().map(|()| Full::new(body)))
+                    .await
+                    .map_err(pooled_error)?
+            }
+            Err(err) => return Err(pooled_error(err)),
+        };
+        let (head, incoming) = response.into_parts();
+        check_head(head.status.as_u16(), &head.headers, limit)?;
+        let body = Limited::new(incoming, limit)
+            .collect()
+            .await
+            .map_err(|err| body_error(err, limit))?
+            .to_bytes();
+        Ok(Response::from_parts(head, body))
+    }
+}
+
+/// One pooled client: HTTP/1.1 over `http://`; over `https://` what ALPN picks, the
+/// platform's certificate verifier, and keep-alive PINGs on HTTP/2. `pool`: false for the
+/// client whose every request takes a new connection.
+fn pooled_client(https: bool, s: &TransportSettings, pool: bool) -> Result<Http, BoxError> {
+    let mut tcp = HttpConnector::new();
+    tcp.set_nodelay(true);
+    tcp.enforce_http(false);
+    tcp.set_connect_timeout(Some(s.connect_timeout));
+    let builder = hyper_rustls::HttpsConnectorBuilder::new();
+    let connector = if https {
+        // One TLS provider for the process: ring, which sqlx's rustls already brings.
+        let _ = rustls::crypto::ring::default_provider().install_default();
+        builder
+            .with_tls_config(rustls::ClientConfig::with_platform_verifier()?)
+            .https_only()
+            .enable_http1()
+            .enable_http2()
+            .wrap_connector(tcp)
+    } else {
+        // No TLS configuration is loaded for a plain `http://` endpoint (the platform's
+        // verifier reads every CA root at start-up).
+        builder
+            .with_tls_config(
+                rustls::ClientConfig::builder()
+                    .with_root_certificates(rustls::RootCertStore::empty())
+                    .with_no_client_auth(),
+            )
+            .https_or_http()
+            .enable_http1()
+            .wrap_connector(tcp)
+    };
+    let mut http = Client::builder(TokioExecutor::new());
+    http.pool_idle_timeout(Duration::from_secs(90))
+        .pool_timer(TokioTimer::new())
+        .timer(TokioTimer::new())
+        .http2_initial_max_send_streams(100)
+        .http2_keep_alive_interval(s.keep_alive)
+        .http2_keep_alive_timeout(s.keep_alive_timeout)
+        .http2_keep_alive_while_idle(true);
+    if !pool {
+        http.pool_max_idle_per_host(0);
+    }
+    Ok(http.build(connector))
+}
+
+/// The request was sent, or was being sent, and the connection ended before any byte of
+/// an answer: safe to send again, a model request has no effect of ours.
+fn dropped_unanswered(err: &hyper_util::client::legacy::Error) -> bool {
+    if err.is_connect() {
+        return false;
+    }
+    let mut cause = std::error::Error::source(err);
+    while let Some(err) = cause {
+        if let Some(hyper) = err.downcast_ref::<hyper::Error>() {
+            return hyper.is_incomplete_message() || hyper.is_canceled();
+        }
+        if let Some(io) = err.downcast_ref::<std::io::Error>() {
+            return matches!(
+                io.kind(),
+                std::io::ErrorKind::ConnectionReset | std::io::ErrorKind::BrokenPipe
+            );
+        }
+        cause = err.source();
+    }
+    false
+}
+
+fn pooled_error(err: hyper_util::client::legacy::Error) -> ModelError {
+    if err.is_connect() {
+        return ModelError::connect(err);
+    }
+    let mut cause = std::error::Error::source(&err);
+    while let Some(inner) = cause {
+        if let Some(hyper) = inner.downcast_ref::<hyper::Error>()
+            && hyper.is_parse()
+        {
+            let what = if hyper.is_parse_too_large() {
+                "its head is larger than the client reads"
+            } else {
+                "its head is not valid HTTP"
+            };
+            return ModelError::unusable(format!("{what} ({hyper})"));
+        }
+        cause = inner.source();
+    }
+    ModelError::transport(err)
+}
+
+/// What the head alone says is wrong with an answer: a body declared over the bound, an
+/// encoding the client did not ask for (it sends no `Accept-Encoding`), a redirect (the
+/// client follows none: the base URL should name where it points).
+fn check_head(status: u16, headers: &HeaderMap, limit: usize) -> Result<(), ModelError> {
+    if let Some(length) = headers
+        .get(CONTENT_LENGTH)
+        .and_then(|v| v.to_str().ok()?.parse::<u64>().ok())
+        && length > limit as u64
+    {
+        return Err(ModelError::unusable(format!(
+            "its body is {length} bytes, over the {limit} bytes an answer may take (CHECKOUT_MODEL_MAX_ANSWER_BYTES)"
+        )));
+    }
+    if let Some(encoding) = headers.get(CONTENT_ENCODING)
+        && !encoding.as_bytes().eq_ignore_ascii_case(b"identity")
+    {
+        return Err(ModelError::unusable(format!(
+            "it came with Content-Encoding: {}, which the client did not ask for",
+            String::from_utf8_lossy(encoding.as_bytes())
+        )));
+    }
+    if (300..400).contains(&status) {
+        let location = headers
+            .get(LOCATION)
+            .map(|l| String::from_utf8_lossy(l.as_bytes()).into_owned());
+        return Err(ModelError::unusable(match location {
+            Some(location) => format!(
+                "the provider answered {status}, a redirect to {location}; the client follows none: set the base URL to where it points"
+            ),
+            None => format!("the provider answered {status}, a redirect without a Location"),
+        }));
+    }
+    Ok(())
+}
+
+/// A body that could not be read whole: over the bound, or its connection broke.
+fn body_error(err: BoxError, limit: usize) -> ModelError {
+    if err.is::<http_body_util::LengthLimitError>() {
+        over_bound(limit)
+    } else {
+        ModelError::transport(err)
+    }
+}
+
+fn over_bound(limit: usize) -> ModelError {
+    ModelError::unusable(format!(
+        "its body is over the {limit} bytes an answer may take (CHECKOUT_MODEL_MAX_ANSWER_BYTES); it was cut off there"
+    ))
+}
+
+/// A TCP connection to `authority` (`host:port`) within `timeout`, without Nagle's delay.
+async fn tcp(authority: &str, timeout: Duration) -> Result<tokio::net::TcpStream, ModelError> {
+    let tcp = tokio::time::timeout(timeout, tokio::net::TcpStream::connect(authority))
+        .await
+        .map_err(|_| {
+            ModelError::connect(format!(
+                "no connection within {} ms (CHECKOUT_MODEL_CONNECT_TIMEOUT_MS)",
+                timeout.as_millis()
+            ))
+        })?
+        .map_err(ModelError::connect)?;
+    let _ = tcp.set_nodelay(true);
+    Ok(tcp)
+}

@@ -1,0 +1,320 @@
+//! A provider cannot hurt the service. Against a hostile model server (the suite's own,
+//! common/hostile.rs: it does what the scripted model never would), every checkout is
+//! answered, bounded in memory and storage, and nothing the provider does wrong is
+//! repeated on it or counted against it when it is the service's own doing:
+//! - an answer over `CHECKOUT_MODEL_MAX_ANSWER_BYTES` is cut off, one request, 502
+//!   naming the bound (or 200 from the fallback), nothing journaled;
+//! - a head hyper cannot read, an encoding not asked for, a redirect, JSON nested
+//!   10,000 deep, too many tool calls: one request each, 502 naming the cause;
+//! - oversized tool arguments are refused to the model, unread;
+//! - the keep-alive race is re-sent at once on a new connection, uncounted;
+//! - over h2c, a server stream limit of one opens more connections rather than queueing,
+//!   and a connection gone silent is found by PING and replaced.
+//!
+//! Each was seen failing before its fix (the service of 0ab22e2): the endless answer
+//! took the test process past 1.5 GiB, the 200 MB one was read whole, the encoding was
+//! "invalid utf-8" after 3 requests, the redirect "answered 307: " with no Location, the
+//! race 502 "circuit breaker is open", the stream limit 504s, the silent connection 504s.
+
+use std::time::Duration;
+
+use crate::common::hostile::{Act, Hostile, h2c_limited};
+use crate::common::proxy::Proxy;
+use crate::common::{Backend, Harness, Process, TestDb, scripted, test_settings};
+use checkout::config::Settings;
+
+/// The service in front of `hostile` (its primary), the scripted model behind the
+/// hostile one answering what it relays; `tune` adjusts the settings.
+async fn against(
+    backend: Backend,
+    first: Vec<Act>,
+    then: Act,
+    tune: impl FnOnce(&mut Settings),
+) -> (Harness, Hostile) {
+    let db = TestDb::new(backend).await;
+    let model = scripted("").await;
+    let hostile = Hostile::start(first, then, &model).await;
+    let mut settings = test_settings(&db, &model);
+    settings.model.base_url = Some(hostile.base_url());
+    tune(&mut settings);
+    (Harness::serve(db, model, settings).await, hostile)
+}
+
+/// A checkout with an `Idempotency-Key`, so that its steps go to the journal table.
+async fn keyed(h: &Harness, order: &str) -> crate::common::Reply {
+    let path = format!("/checkout?orderId={order}&amount=10.00");
+    h.post(&path, &[("Idempotency-Key", &format!("key-{order}"))], None)
+        .await
+}
+
+/// One checkout against a first answer that cannot be used: 502 `model_error` whose
+/// detail has `cause`, one request to the provider (not repeated by either retry), no
+/// receipt, nothing journaled.
+async fn refused_once(backend: Backend, act: Act, cause: &str) {
+    let (h, hostile) = against(backend, vec![act], Act::Forward, |_| {}).await;
+    let reply = keyed(&h, "H-1").await;
+    let problem = reply.problem(502);
+    assert_eq!(problem["code"], "model_error", "{problem}");
+    let detail = problem["detail"].as_str().unwrap();
+    assert!(detail.contains(cause), "{cause:?} in {detail:?}");
+    assert_eq!(hostile.requests(), 1, "asked once");
+    assert_eq!(h.model.requests(), 0, "nothing relayed");
+    assert_eq!(h.db.all_receipts().await, 0);
+    assert_eq!(
+        h.db.count("SELECT COUNT(*) FROM agent_journal", None).await,
+        0,
+        "nothing journaled"
+    );
+}
+
+both_backends!(
+    an_endless_answer_is_cut_off_at_the_bound,
+    |backend| async move {
+        refused_once(
+            backend,
+            Act::Endless,
+            "over the 65536 bytes an answer may take",
+        )
+        .await
+    }
+);
+
+both_backends!(
+    a_200_mb_answer_is_refused_by_its_content_length,
+    |backend| async move {
+        refused_once(
+            backend,
+            Act::Huge(200 << 20),
+            "its body is 209715200 bytes, over the 65536",
+        )
+        .await
+    }
+);
+
+both_backends!(an_unasked_encoding_is_named, |backend| async move {
+    refused_once(backend, Act::Gzip, "Content-Encoding: gzip").await
+});
+
+both_backends!(a_redirect_names_its_location, |backend| async move {
+    refused_once(
+        backend,
+        Act::Redirect,
+        "307, a redirect to http://models.example/v2/chat/completions",
+    )
+    .await
+});
+
+both_backends!(a_huge_header_is_not_asked_again, |backend| async move {
+    refused_once(
+        backend,
+        Act::HugeHeader,
+        "its head is larger than the client reads",
+    )
+    .await
+});
+
+both_backends!(
+    two_content_lengths_are_not_asked_again,
+    |backend| async move { refused_once(backend, Act::TwoLengths, "its head is not valid HTTP").await }
+);
+
+// The field nested 10,000 deep is skipped (no stack to overflow), and the answer is
+// judged by what it lacks.
+both_backends!(
+    json_nested_ten_thousand_deep_is_skipped_and_not_asked_again,
+    |backend| async move { refused_once(backend, Act::Nested, "the answer has no choices").await }
+);
+
+both_backends!(
+    an_answer_with_a_hundred_tool_calls_is_not_used,
+    |backend| async move {
+        refused_once(
+            backend,
+            Act::ToolCalls(100),
+            "asks for 100 tool calls; at most 16",
+        )
+        .await
+    }
+);
+
+both_backends!(
+    ten_thousand_tool_calls_are_cut_off_by_the_size_bound,
+    |backend| async move { refused_once(backend, Act::ToolCalls(10_000), "over the 65536 bytes").await }
+);
+
+both_backends!(
+    an_endless_answer_goes_to_the_fallback_once,
+    |backend| async move {
+        let fallback = scripted("").await;
+        let (h, hostile) = against(backend, vec![Act::Endless], Act::Forward, |s| {
+            s.model.fallback_base_url = Some(fallback.base_url());
+            s.model.fallback_model = Some("fallback".into());
+        })
+        .await;
+        let reply = h.checkout("H-2", "10.00").await;
+        assert_eq!(reply.status, 200, "{}", reply.text());
+        // Round 1 went to the fallback once; round 2 is the primary's again.
+        assert_eq!(hostile.requests(), 2);
+        assert_eq!(fallback.requests(), 1);
+        assert_eq!(h.db.receipts("H-2").await, 1);
+    }
+);
+
+both_backends!(
+    oversized_tool_arguments_are_refused_to_the_model_unread,
+    |backend| async move {
+        let (h, hostile) = against(backend, vec![Act::Arguments(4096)], Act::Forward, |_| {}).await;
+        let reply = keyed(&h, "H-3").await;
+        // The refusal goes back to the model, which then charges as it should.
+        assert_eq!(reply.status, 200, "{}", reply.text());
+        assert_eq!(
+            hostile.requests(),
+            3,
+            "the refused call, the charge, the sentence"
+        );
+        assert_eq!(h.db.receipts("H-3").await, 1);
+        let refusals =
+            h.db.count(
+                "SELECT COUNT(*) FROM agent_journal WHERE body LIKE '%at most 1024%'",
+                None,
+            )
+            .await;
+        assert_eq!(refusals, 1, "the refusal journaled");
+        let echoes = h
+            .db
+            .count(
+                "SELECT COUNT(*) FROM agent_journal WHERE body LIKE '%at most 1024%' AND body LIKE '%xxxx%'",
+                None,
+            )
+            .await;
+        assert_eq!(echoes, 0, "the arguments not echoed in it");
+    }
+);
+
+both_backends!(
+    the_keep_alive_race_is_sent_again_at_once_and_counts_for_nothing,
+    |backend| async move {
+        let (h, hostile) = against(backend, Vec::new(), Act::Race, |s| {
+            // A failure counted would open it: any one of them.
+            s.model.breaker.window = 1;
+            s.model.breaker.failure_percent = 100;
+        })
+        .await;
+        for i in 1..=20 {
+            let order = format!("RACE-{i}");
+            let reply = h.checkout(&order, "10.00").await;
+            assert_eq!(reply.status, 200, "checkout {i}: {}", reply.text());
+        }
+        assert_eq!(h.db.all_receipts().await, 20);
+        // Two turns a checkout answered, and a reused connection closed under one request
+        // of each (the first checkout's first turn had none to reuse).
+        assert_eq!(h.model.requests(), 40, "answered");
+        assert_eq!(hostile.raced(), 20, "closed unanswered");
+        let metrics = h.get("/metrics").await.text();
+        assert!(
+            !metrics.contains("checkout_retries_total{layer=\"request\""),
+            "no request retry, no backoff:\n{metrics}"
+        );
+    }
+);
+
+both_backends!(
+    a_stream_limit_of_one_opens_more_connections_rather_than_queueing,
+    |backend| async move {
+        let db = TestDb::new(backend).await;
+        let model = scripted("").await;
+        model.set_delay(Duration::from_millis(300));
+        let (addr, connections) = h2c_limited(&model).await;
+        let mut settings = test_settings(&db, &model);
+        settings.model.base_url = Some(format!("http://{addr}/v1"));
+        settings.model.h2c = true;
+        settings.request.timeout = Duration::from_millis(2_000);
+        settings.model.breaker.window = 20;
+        let h = Harness::serve(db, model, settings).await;
+        let checkouts = (1..=50).map(|i| {
+            let h = &h;
+            async move { h.checkout(&format!("LIMIT-{i}"), "10.00").await }
+        });
+        let replies = futures_util::future::join_all(checkouts).await;
+        for reply in &replies {
+            assert_eq!(reply.status, 200, "{}", reply.text());
+        }
+        assert_eq!(h.db.all_receipts().await, 50);
+        assert_eq!(h.model.requests(), 100, "two turns each, none repeated");
+        let made = connections.load(std::sync::atomic::Ordering::SeqCst);
+        assert!(
+            (50..=256).contains(&made),
+            "one connection per stream in use, within the bound: {made}"
+        );
+    }
+);
+
+both_backends!(
+    a_silent_h2c_connection_is_found_by_ping_and_replaced,
+    |backend| async move {
+        let db = TestDb::new(backend).await;
+        let model = scripted("").await;
+        let proxy = Proxy::start(model.addr()).await;
+        let mut settings = test_settings(&db, &model);
+        settings.model.base_url = Some(format!("http://{}/v1", proxy.addr));
+        settings.model.h2c = true;
+        settings.request.timeout = Duration::from_millis(5_000);
+        settings.assistant.retry.timeout = Duration::from_millis(12_000);
+        settings.model.transport.keep_alive = Duration::from_millis(200);
+        settings.model.transport.keep_alive_timeout = Duration::from_millis(200);
+        let h = Harness::serve(db, model, settings).await;
+        for i in 1..=4 {
+            assert_eq!(h.checkout(&format!("SIL-{i}"), "10.00").await.status, 200);
+        }
+        let before = h.model.connections();
+        proxy.freeze();
+        for i in 5..=12 {
+            let reply = h.checkout(&format!("SIL-{i}"), "10.00").await;
+            assert_eq!(reply.status, 200, "checkout {i}: {}", reply.text());
+        }
+        assert_eq!(h.db.all_receipts().await, 12);
+        assert!(h.model.connections() > before, "new connections were made");
+        let metrics = h.get("/metrics").await.text();
+        assert!(
+            !metrics.contains("error_type=\"timeout\""),
+            "no request waited out its timeout:\n{metrics}"
+        );
+    }
+);
+
+/// The whole process, against an endless answer: it stays far below 300 MiB.
+#[test]
+fn an_endless_answer_leaves_the_process_small() {
+    let runtime = tokio::runtime::Runtime::new().unwrap();
+    let model = runtime.block_on(scripted(""));
+    let hostile = runtime.block_on(Hostile::start(
+        vec![Act::Endless, Act::Endless, Act::Endless],
+        Act::Endless,
+        &model,
+    ));
+    let base_url = hostile.base_url();
+    let dir = tempfile::tempdir().unwrap();
+    let db = format!("sqlite://{}/h.db", dir.path().display());
+    let process = Process::start(&[
+        ("OPENAI_BASE_URL", base_url.as_str()),
+        ("DATABASE_URL", db.as_str()),
+    ]);
+    let reply = runtime.block_on(async {
+        crate::common::post(
+            &crate::common::client(),
+            &process.url("/checkout?orderId=E-1&amount=1.00"),
+            &[],
+            None,
+        )
+        .await
+    });
+    assert_eq!(reply.status, 502, "{}", reply.text());
+    let status = std::fs::read_to_string(format!("/proc/{}/status", process.child.id())).unwrap();
+    let peak_kib: u64 = status
+        .lines()
+        .find_map(|l| l.strip_prefix("VmHWM:"))
+        .and_then(|v| v.trim().trim_end_matches(" kB").trim().parse().ok())
+        .unwrap();
+    assert!(peak_kib < 300 * 1024, "peak RSS {peak_kib} KiB");
+    assert_eq!(hostile.requests(), 1, "asked once");
+}
