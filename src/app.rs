@@ -9,7 +9,7 @@ use std::time::Duration;
 
 use axum::Router;
 use tokio::net::TcpListener;
-use tokio::task::JoinSet;
+use tokio::sync::oneshot;
 
 use crate::assistant::{self, AgentLoop, Assistant, LoopLimits, Memory, ToolBox};
 use crate::caller::{self, AuthMode};
@@ -19,14 +19,15 @@ use crate::http::admission::Admission;
 use crate::http::rate_limit::RateLimit;
 use crate::http::serve::{self, ConnectionLimits};
 use crate::http::{self, AppState, ModelInfo, Parts};
-use crate::idempotency::{self, Records};
+use crate::idempotency::Records;
 use crate::journal::Journal;
 use crate::metrics::Metrics;
-use crate::model::scripted::{Script, ScriptedModel};
+use crate::model::scripted::{self, Script, ScriptedModel};
 use crate::model::{ClientSettings, ModelChain, ModelClient, ModelEndpoint};
 use crate::outbox::{Dispatcher, MailTransport, Outbox};
 use crate::payments::stripe::Stripe;
 use crate::payments::{Intents, PaymentGateway, Receipts};
+use crate::worker::{self, Worker, Workers, every};
 
 /// Why the service could not start.
 #[derive(Debug, thiserror::Error)]
@@ -55,10 +56,10 @@ pub struct App {
     /// The built-in model, when no model endpoint is configured; it lives as long as the
     /// app.
     scripted: Option<ScriptedModel>,
-    /// The background workers: the idempotency sweeper, the mail dispatcher, the recovery
-    /// sweep (`CHECKOUT_RECOVERY`), the API-key watch and the rate limit's forgetting.
-    /// Each runs until aborted.
-    workers: JoinSet<()>,
+    /// The background workers: the mail dispatcher, the Idempotency-Key sweep, the API-key
+    /// watch, the rate limit's forgetting and the recovery sweep (`CHECKOUT_RECOVERY`).
+    /// Each runs until aborted; one that ends sooner stops the service.
+    workers: Workers,
     connections: ConnectionLimits,
 }
 
@@ -89,7 +90,7 @@ impl App {
                 let endpoint = ModelEndpoint {
                     base_url: model.base_url(),
                     api_key: None,
-                    model: settings.model.name.clone(),
+                    model: scripted::MODEL.to_owned(),
                     h2c: settings.model.h2c,
                 };
                 (endpoint, Some(model))
@@ -144,7 +145,7 @@ impl App {
             scripted.is_some(),
         );
         let admission = Admission::new(bounds.max_in_flight, &metrics);
-        let rate_limit = RateLimit::new(&settings.overload);
+        let rate_limit = RateLimit::new(&settings.overload, &metrics);
         announce::overload(&settings, &descriptors, &bounds);
         announce::chain(&settings, &db, &info);
         announce::endpoints(&settings, &chain);
@@ -158,26 +159,22 @@ impl App {
             &db,
             keys_exist,
         );
-        let mut workers = JoinSet::new();
-        workers.spawn(
-            Dispatcher::new(
-                outbox.clone(),
-                transport,
-                settings.mail.clone(),
-                metrics.clone(),
-            )
-            .run(),
-        );
-        let sweep_every = (settings.idempotency.ttl / 4)
-            .clamp(Duration::from_millis(100), Duration::from_secs(60));
-        workers.spawn(idempotency::sweep_forever(
-            records.clone(),
-            sweep_every,
-            settings.idempotency.ttl,
+        let mut workers = Workers::default();
+        workers.spawn(Dispatcher::new(
+            outbox.clone(),
+            transport,
+            settings.mail.clone(),
+            metrics.clone(),
         ));
-        workers.spawn(gate.clone().watch_for_keys());
-        if let Some(limit) = rate_limit.clone() {
-            workers.spawn(limit.forget_idle_forever());
+        workers.spawn(KeySweep {
+            records: records.clone(),
+            ttl: settings.idempotency.ttl,
+        });
+        if let Some(watch) = gate.key_watch() {
+            workers.spawn(watch);
+        }
+        if let Some(limit) = &rate_limit {
+            workers.spawn(limit.forgetting());
         }
         let connections = ConnectionLimits {
             max_connections: bounds.max_connections,
@@ -199,7 +196,7 @@ impl App {
             rate_limit,
         });
         if recovering {
-            workers.spawn(http::recovery::sweep_forever(state.clone()));
+            workers.spawn(http::recovery::Recovery(state.clone()));
         }
         Ok(App {
             state,
@@ -217,20 +214,84 @@ impl App {
         &self.state
     }
 
-    /// Serves until `shutdown` resolves, then lets in-flight checkouts finish.
+    /// A worker of the embedder's own, watched like the app's: if it ends while the app
+    /// serves, the app stops with [`ServeError::Worker`].
+    pub fn spawn_worker<W: Worker>(&mut self, worker: W) {
+        self.workers.spawn(worker);
+    }
+
+    /// Serves until `shutdown` resolves, then lets in-flight checkouts finish. A
+    /// background worker that ends first is logged at error level (one line) and stops
+    /// the service the same way, with [`ServeError::Worker`]: `main` exits non-zero.
     pub async fn serve(
         mut self,
         listener: TcpListener,
         shutdown: impl Future<Output = ()> + Send + 'static,
-    ) -> std::io::Result<()> {
+    ) -> Result<(), ServeError> {
         let addr = listener.local_addr()?;
         tracing::info!(%addr, "listening on http://{addr}");
-        serve::serve(listener, self.router(), self.connections, shutdown).await?;
+        let (stop, stopped) = oneshot::channel::<()>();
+        let shutdown = async move {
+            tokio::select! {
+                () = shutdown => {}
+                _ = stopped => {}
+            }
+        };
+        let server = serve::serve(listener, self.router(), self.connections, shutdown);
+        tokio::pin!(server);
+        let ended = tokio::select! {
+            served = &mut server => {
+                served?;
+                None
+            }
+            ended = self.workers.ended() => Some(ended),
+        };
+        if let Some(ended) = &ended {
+            tracing::error!(worker = ended.name, "{ended}");
+            let _ = stop.send(());
+            server.await?;
+        }
         self.workers.shutdown().await;
         self.state.db().close().await;
         drop(self.scripted);
         tracing::info!("stopped");
-        Ok(())
+        match ended {
+            Some(ended) => Err(ServeError::Worker(ended)),
+            None => Ok(()),
+        }
+    }
+}
+
+/// Why the service stopped other than when told to.
+#[derive(Debug, thiserror::Error)]
+pub enum ServeError {
+    #[error("server failed: {0}")]
+    Io(#[from] std::io::Error),
+    /// Logged by `serve` already.
+    #[error(transparent)]
+    Worker(worker::Ended),
+}
+
+/// Deletes expired Idempotency-Keys (and ended outbox rows past the TTL) every quarter of
+/// the TTL, between 100 ms and a minute.
+struct KeySweep {
+    records: Records,
+    ttl: Duration,
+}
+
+impl Worker for KeySweep {
+    const NAME: &'static str = "Idempotency-Key sweep";
+
+    async fn run(self) {
+        let period = (self.ttl / 4).clamp(Duration::from_millis(100), Duration::from_secs(60));
+        every(period, || async {
+            match self.records.sweep(self.ttl).await {
+                Ok(0) => {}
+                Ok(n) => tracing::debug!(removed = n, "swept expired Idempotency-Keys"),
+                Err(err) => tracing::warn!(error = %err, "cannot sweep expired Idempotency-Keys"),
+            }
+        })
+        .await
     }
 }
 

@@ -22,5 +22,6 @@ pub mod payments;
 pub mod retry;
 pub mod secret;
 pub mod telemetry;
+pub mod worker;
 
-pub use app::{App, StartError};
+pub use app::{App, ServeError, StartError};

@@ -12,7 +12,7 @@ use checkout::config::{Settings, Sources};
 use checkout::db::Database;
 use checkout::model::scripted::{FaultRule, Script, ScriptedModel, describe};
 use checkout::telemetry::LogFormat;
-use checkout::{App, StartError};
+use checkout::{App, ServeError, StartError};
 
 const USAGE: &str = "\
 usage: checkout [--config PATH] [--scripted-faults PLAN] [--scripted-delay-ms N]
@@ -136,8 +136,10 @@ async fn service(args: &[String]) -> ExitCode {
     }
     match served {
         Ok(()) => ExitCode::SUCCESS,
+        // Logged, in one line, when it ended.
+        Err(ServeError::Worker(_)) => ExitCode::FAILURE,
         Err(err) => {
-            tracing::error!("server failed: {err}");
+            tracing::error!("{err}");
             ExitCode::FAILURE
         }
     }

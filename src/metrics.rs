@@ -17,7 +17,7 @@
 //! annotation unit such as `{token}` adds nothing.
 //!
 //! To add a metric (auth failures, journal replays and tokens saved, emails queued / sent /
-//! failed, payment-provider calls by outcome): one [`Def`] in [`CATALOGUE`] and one
+//! failed, payment-provider calls by outcome): one `Def` in `CATALOGUE` and one
 //! method below that records it; the flow then calls the method, one line.
 
 use std::sync::Arc;
@@ -29,6 +29,9 @@ use metrics_exporter_prometheus::{
 };
 
 mod breaker;
+mod genai;
+
+pub use genai::GenAiTarget;
 
 /// What one metric is.
 struct Def {
@@ -73,22 +76,6 @@ const IDEMPOTENCY_KEYS: Def = Def {
     help: "Requests that carried an Idempotency-Key, by outcome: new (the work ran), replay (the saved answer was sent), in_flight (409, still running), key_reuse (422, another request's key).",
     buckets: None,
 };
-const GEN_AI_DURATION: Def = Def {
-    name: "gen_ai_client_operation_duration_seconds",
-    help: "GenAI operation duration: one chat-completions HTTP request, each retry its own (OpenTelemetry semconv v1.37.0 gen_ai.client.operation.duration).",
-    buckets: Some(&[
-        0.01, 0.02, 0.04, 0.08, 0.16, 0.32, 0.64, 1.28, 2.56, 5.12, 10.24, 20.48, 40.96, 81.92,
-    ]),
-};
-const GEN_AI_TOKENS: Def = Def {
-    name: "gen_ai_client_token_usage",
-    help: "Tokens used per chat-completions request, as the provider reported them, by gen_ai_token_type input or output (OpenTelemetry semconv v1.37.0 gen_ai.client.token.usage).",
-    buckets: Some(&[
-        1.0, 4.0, 16.0, 64.0, 256.0, 1024.0, 4096.0, 16384.0, 65536.0, 262144.0, 1048576.0,
-        4194304.0, 16777216.0, 67108864.0,
-    ]),
-};
-
 const AUTH_FAILURES: Def = Def {
     name: "checkout_auth_failures_total",
     help: "Requests to /checkout or /receipts refused with 401, by reason: missing (no Authorization header), not_bearer (another scheme), invalid (an unknown or revoked API key).",
@@ -159,8 +146,8 @@ const CATALOGUE: &[&Def] = &[
     &TIMEOUTS,
     &LOOP_ROUNDS,
     &IDEMPOTENCY_KEYS,
-    &GEN_AI_DURATION,
-    &GEN_AI_TOKENS,
+    &genai::DURATION,
+    &genai::TOKENS,
 ];
 
 /// The retry layers.
@@ -205,18 +192,6 @@ impl EmailOutcome {
             EmailOutcome::Failed => "failed",
         }
     }
-}
-
-/// The model a client talks to, as the GenAI attributes name it, with the series its
-/// answered requests record into (registered once: a lookup by labels on every request
-/// cost more than the rest of the record).
-#[derive(Clone, Debug)]
-pub struct GenAiTarget {
-    /// `gen_ai.provider.name`.
-    pub provider: &'static str,
-    /// `gen_ai.request.model`: the configured model name.
-    pub model: String,
-    answered: [metrics::Histogram; 3],
 }
 
 /// The app's metrics. Cloning is cheap; every clone records into the same registry.
@@ -437,61 +412,6 @@ impl Metrics {
         self.counter(&IDEMPOTENCY_KEYS, &[("outcome", outcome.label())], 1);
     }
 
-    /// One chat-completions request took `took`: answered with `usage` (input, output
-    /// tokens), or failed with `error` (`error.type`).
-    pub fn chat(
-        &self,
-        target: &GenAiTarget,
-        took: Duration,
-        outcome: Result<Option<(u64, u64)>, &'static str>,
-    ) {
-        match outcome {
-            Ok(usage) => {
-                let [duration, input, output] = &target.answered;
-                duration.record(took.as_secs_f64());
-                if let Some((input_tokens, output_tokens)) = usage {
-                    input.record(input_tokens as f64);
-                    output.record(output_tokens as f64);
-                }
-            }
-            Err(error) => {
-                let labels = [
-                    ("gen_ai_operation_name", "chat"),
-                    ("gen_ai_provider_name", target.provider),
-                    ("gen_ai_request_model", target.model.as_str()),
-                    ("error_type", error),
-                ];
-                self.histogram(&GEN_AI_DURATION, &labels, took.as_secs_f64());
-            }
-        }
-    }
-
-    /// The model `model` of `provider`, as a client's metrics and spans name it.
-    pub fn genai_target(&self, provider: &'static str, model: &str) -> GenAiTarget {
-        let base = [
-            ("gen_ai_operation_name", "chat"),
-            ("gen_ai_provider_name", provider),
-            ("gen_ai_request_model", model),
-        ];
-        let tokens = |kind| {
-            let labels = [base[0], base[1], base[2], ("gen_ai_token_type", kind)];
-            self.0
-                .recorder
-                .register_histogram(&key(&GEN_AI_TOKENS, &labels), &metadata())
-        };
-        GenAiTarget {
-            provider,
-            model: model.to_owned(),
-            answered: [
-                self.0
-                    .recorder
-                    .register_histogram(&key(&GEN_AI_DURATION, &base), &metadata()),
-                tokens("input"),
-                tokens("output"),
-            ],
-        }
-    }
-
     fn counter(&self, def: &Def, labels: &[(&str, &str)], by: u64) {
         let key = key(def, labels);
         self.0
@@ -571,7 +491,6 @@ fn metadata() -> Metadata<'static> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::model::breaker::BreakerState;
 
     #[test]
     fn every_metric_has_help_and_its_type_and_histograms_count_in_their_buckets() {
@@ -584,7 +503,7 @@ mod tests {
         metrics.provider_request("create", "succeeded", Duration::from_millis(20));
         let target = metrics.genai_target("openai", "m");
         metrics.chat(&target, Duration::from_millis(30), Ok(Some((7, 2))));
-        metrics.breaker_transition("m", BreakerState::Closed, BreakerState::Open);
+        metrics.breaker_transition("m", "closed", "open");
         metrics.breaker_refused("m");
         metrics.fallback_turn("m");
         let text = metrics.render();

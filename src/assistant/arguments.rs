@@ -259,6 +259,10 @@ mod tests {
     use super::*;
     use crate::payments::{Order, OrderId};
 
+    #[allow(
+        clippy::disallowed_methods,
+        reason = "a test's fixed order, not a request's"
+    )]
     fn order(id: &str, amount: &str, currency: &str) -> Order {
         let currency = Currency::parse(currency).unwrap();
         Order::new(

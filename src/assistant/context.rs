@@ -1,3 +1,5 @@
+//! [`CheckoutContext`]: one checkout's order and keys, made by the handler before
+//! anything is retried, and what its attempts learn (charge, usage, steps kept).
 use std::fmt;
 use std::sync::atomic::{AtomicU32, Ordering};
 use std::sync::{Arc, Mutex};

@@ -1,3 +1,5 @@
+//! How a checkout fails: [`FailureKind`] for one run of the loop, [`CheckoutError`]
+//! after the loop retry, [`ToolFailure`] for a tool call that cannot go on.
 use std::time::Duration;
 
 use tower::BoxError;

@@ -18,6 +18,7 @@ use sha2::{Digest, Sha256};
 use subtle::ConstantTimeEq;
 
 use crate::db::{Database, StoreError};
+use crate::worker::{Worker, every};
 
 /// Who is calling. An authentication layer that knows the caller inserts this into the
 /// request's extensions, and keys are then scoped to it: two callers may use the same key
@@ -178,6 +179,36 @@ pub async fn list(db: &Database) -> Result<Vec<api_keys::Listed>, StoreError> {
     api_keys::list(conn.conn()).await
 }
 
+/// Asks every [`KEYS_REFRESH`] whether a key exists, until one does. A failed question is
+/// logged and asked again; the service stays as it was (open on loopback only, where a
+/// checkout needs the same database to charge).
+pub struct KeyWatch(Gate);
+
+impl Worker for KeyWatch {
+    const NAME: &'static str = "API-key watch";
+
+    async fn run(self) {
+        let gate = self.0;
+        every(KEYS_REFRESH, || async {
+            // Once a key exists, it does for good: nothing is left to ask.
+            if gate.keys_exist.load(Ordering::Acquire) {
+                return;
+            }
+            match keys_exist(&gate.db).await {
+                Ok(false) => {}
+                Ok(true) => {
+                    gate.keys_exist.store(true, Ordering::Release);
+                    tracing::info!(
+                        "callers: an API key exists now: /checkout and /receipts need one from here on (CHECKOUT_AUTH=auto)"
+                    );
+                }
+                Err(err) => tracing::warn!("callers: cannot ask whether an API key exists: {err}"),
+            }
+        })
+        .await
+    }
+}
+
 /// What a request's credentials come to.
 #[derive(Debug, PartialEq, Eq)]
 pub enum Verdict {
@@ -237,33 +268,10 @@ impl Gate {
         }
     }
 
-    /// Asks every [`KEYS_REFRESH`] whether a key exists, while the service is open under
-    /// `auto`; ends once one does (or at once, when keys are not what opens it). A failed
-    /// question is logged and asked again; the service stays as it was (open on loopback
-    /// only, where a checkout needs the same database to charge).
-    pub async fn watch_for_keys(self) {
-        if self.mode != AuthMode::Auto || !self.is_open() {
-            return;
-        }
-        let mut tick = tokio::time::interval(KEYS_REFRESH);
-        tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-        loop {
-            tick.tick().await;
-            if self.keys_exist.load(Ordering::Acquire) {
-                return;
-            }
-            match keys_exist(&self.db).await {
-                Ok(false) => {}
-                Ok(true) => {
-                    self.keys_exist.store(true, Ordering::Release);
-                    tracing::info!(
-                        "callers: an API key exists now: /checkout and /receipts need one from here on (CHECKOUT_AUTH=auto)"
-                    );
-                    return;
-                }
-                Err(err) => tracing::warn!("callers: cannot ask whether an API key exists: {err}"),
-            }
-        }
+    /// The worker that closes the service once a key exists, while it is open under
+    /// `auto`; `None` when keys are not what opens it.
+    pub fn key_watch(&self) -> Option<KeyWatch> {
+        (self.mode == AuthMode::Auto && self.is_open()).then(|| KeyWatch(self.clone()))
     }
 
     /// The verdict on a request's `Authorization` header (its value, if sent) when it

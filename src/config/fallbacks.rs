@@ -8,8 +8,7 @@
 //! ]
 //! ```
 
-use super::load::SettingError;
-use super::{ConfigError, Settings};
+use super::{ConfigError, SettingError, Settings};
 use crate::model::ModelEndpoint;
 use crate::secret::Secret;
 

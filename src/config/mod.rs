@@ -4,13 +4,15 @@
 //! `SETTINGS`); a bad value is one error naming both, and the process exits with 2.
 //! The sections are here, the table of names in `table.rs`, the reading in `load.rs`.
 
+mod error;
 mod fallbacks;
 mod load;
 mod table;
 #[cfg(test)]
 mod tests;
 
-pub use load::{ConfigError, SettingError, Sources};
+pub use error::{ConfigError, SettingError};
+pub use load::Sources;
 pub use table::SETTINGS;
 
 use std::net::SocketAddr;
@@ -109,7 +111,7 @@ pub struct DatabaseSettings {
     pub pool: PoolSettings,
 }
 
-/// Which model, where; see [`Settings::provider`].
+/// Which model, where; see [`Settings::model_source`].
 #[derive(Clone, Debug)]
 pub struct ModelSettings {
     pub base_url: Option<String>,

@@ -1,3 +1,5 @@
+//! [`StoreError`]: a database failure met while serving, and whether the statement
+//! provably never reached the database.
 use std::sync::Arc;
 
 /// A database failure met while serving a request. Cloneable: one failed group commit

@@ -2,7 +2,7 @@
 //! says `postgres://`, else a SQLite file (the embedded default).
 //!
 //! The one place that names both drivers. Stores write one SQL text per statement and run
-//! it on a [`Conn`] with [`on_conn!`]; both dialects' migrations define a `clock` view
+//! it on a [`Conn`] with `on_conn!`; both dialects' migrations define a `clock` view
 //! (`now_ms`, epoch milliseconds), so a statement that needs the time reads the database's
 //! clock the same way on both.
 

@@ -20,6 +20,7 @@ pub const PROBLEM_JSON: &str = "application/problem+json";
 #[serde(rename_all = "snake_case")]
 pub enum Code {
     InvalidRequest,
+    ContentTooLarge,
     Unauthorized,
     PaymentDeclined,
     PaymentRequiresAction,
@@ -42,6 +43,7 @@ impl Code {
     pub fn as_str(self) -> &'static str {
         match self {
             Code::InvalidRequest => "invalid_request",
+            Code::ContentTooLarge => "content_too_large",
             Code::Unauthorized => "unauthorized",
             Code::PaymentDeclined => "payment_declined",
             Code::PaymentRequiresAction => "payment_requires_action",
@@ -66,6 +68,7 @@ impl Code {
         matches!(
             self,
             Code::InvalidRequest
+                | Code::ContentTooLarge
                 | Code::AmountConflict
                 | Code::ModelDidNotCharge
                 | Code::PaymentDeclined
@@ -76,6 +79,9 @@ impl Code {
     pub fn status(self) -> StatusCode {
         match self {
             Code::InvalidRequest => StatusCode::BAD_REQUEST,
+            // RFC 9110 §15.5.14 names it Content Too Large (the http crate keeps the
+            // older name).
+            Code::ContentTooLarge => StatusCode::PAYLOAD_TOO_LARGE,
             Code::Unauthorized => StatusCode::UNAUTHORIZED,
             Code::PaymentDeclined | Code::PaymentRequiresAction => StatusCode::PAYMENT_REQUIRED,
             Code::AmountConflict | Code::InFlight => StatusCode::CONFLICT,
@@ -95,6 +101,7 @@ impl Code {
     fn title(self) -> &'static str {
         match self {
             Code::InvalidRequest => "The request is invalid",
+            Code::ContentTooLarge => "The request body is too large",
             Code::Unauthorized => "A valid API key is required",
             Code::PaymentDeclined => "The payment was declined",
             Code::PaymentRequiresAction => "The payment needs the customer's action",

@@ -2,11 +2,11 @@
 
 use axum::body::Bytes;
 use axum::extract::{FromRequest, FromRequestParts, Query, Request};
-use axum::http::header;
+use axum::http::StatusCode;
 use axum::http::request::Parts;
 use serde::de::DeserializeOwned;
 
-use super::error::Problem;
+use super::error::{Code, Problem};
 
 /// Query parameters, strictly: an unknown or malformed one is a 400 naming `query`.
 pub struct Params<T>(pub T);
@@ -22,47 +22,30 @@ impl<T: DeserializeOwned, S: Send + Sync> FromRequestParts<S> for Params<T> {
     }
 }
 
-/// An optional JSON body: no body, or `null`, is `T::default()`; a body must be JSON and
-/// a `T`.
-pub struct JsonBody<T>(pub T);
+/// No body: an operation whose input is all in its query string reads none, so that
+/// each field is given once. A body over the limit is 413 `content_too_large`; any other
+/// body is a 400 naming `body`. Nothing was run or recorded either way.
+pub struct NoBody;
 
-impl<T: DeserializeOwned + Default, S: Send + Sync> FromRequest<S> for JsonBody<T> {
+impl<S: Send + Sync> FromRequest<S> for NoBody {
     type Rejection = Problem;
 
     async fn from_request(request: Request, state: &S) -> Result<Self, Problem> {
-        let content_type = request
-            .headers()
-            .get(header::CONTENT_TYPE)
-            .and_then(|v| v.to_str().ok())
-            .unwrap_or("")
-            .to_owned();
         let body = Bytes::from_request(request, state).await.map_err(|err| {
+            if err.status() == StatusCode::PAYLOAD_TOO_LARGE {
+                return Problem::new(
+                    Code::ContentTooLarge,
+                    "the request body is larger than this service takes (CHECKOUT_BODY_LIMIT_BYTES); nothing was run or recorded",
+                );
+            }
             Problem::invalid("body", format!("cannot read the body: {}", err.body_text()))
         })?;
         if body.is_empty() {
-            return Ok(JsonBody(T::default()));
+            return Ok(NoBody);
         }
-        let media = content_type
-            .split(';')
-            .next()
-            .unwrap_or("")
-            .trim()
-            .to_ascii_lowercase();
-        if media != "application/json" && !media.ends_with("+json") {
-            return Err(Problem::invalid(
-                "Content-Type",
-                format!(
-                    "a request body must be application/json, not {content_type:?}; or send the order as query parameters"
-                ),
-            ));
-        }
-        serde_json::from_slice::<Option<T>>(&body)
-            .map(|body| JsonBody(body.unwrap_or_default()))
-            .map_err(|err| {
-                Problem::invalid(
-                    "body",
-                    format!("the JSON body does not fit the schema: {err}"),
-                )
-            })
+        Err(Problem::invalid(
+            "body",
+            "this operation reads no body: give the order as query parameters (?orderId=…&amount=…), once; nothing was run or recorded",
+        ))
     }
 }

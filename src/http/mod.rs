@@ -151,7 +151,7 @@ fn api_parts(state: Option<&AppState>) -> (Router<AppState>, utoipa::openapi::Op
         // is off, it is not in the way at all (a layer costs every waiting request room).
         Some(state) => match state.rate_limit() {
             Some(limit) => checkout.route_layer(axum::middleware::from_fn_with_state(
-                (state.clone(), limit.clone()),
+                limit.clone(),
                 rate_limit::limit,
             )),
             None => checkout,

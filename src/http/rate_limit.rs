@@ -23,12 +23,32 @@ use governor::state::keyed::DefaultKeyedStateStore;
 use governor::{Quota, RateLimiter};
 
 use super::error::{Code, Problem};
-use super::state::AppState;
 use crate::caller::Caller;
 use crate::config::OverloadSettings;
+use crate::metrics::Metrics;
+use crate::worker::{Worker, every};
 
 /// The policy's name in the header fields.
 const POLICY: &str = "checkout";
+
+/// Forgets callers whose quota is whole again, every refill period, so that the limiter
+/// holds only callers seen within one period, however many there are.
+pub struct ForgetIdle(RateLimit);
+
+impl Worker for ForgetIdle {
+    const NAME: &'static str = "rate limit's forgetting";
+
+    async fn run(self) {
+        let inner = &self.0.0;
+        let period =
+            (inner.per_one * inner.burst).clamp(Duration::from_secs(1), Duration::from_secs(60));
+        every(period, || async {
+            inner.limiter.retain_recent();
+            inner.limiter.shrink_to_fit();
+        })
+        .await
+    }
+}
 
 /// Whom a request counts against.
 #[derive(Clone, Debug, PartialEq, Eq, Hash)]
@@ -49,10 +69,13 @@ pub struct RateLimit(Arc<Inner>);
 struct Inner {
     limiter: Limiter,
     clock: DefaultClock,
+    /// Requests a second, as set.
+    rate: u32,
     burst: u32,
     /// Time to earn one request back.
     per_one: Duration,
     policy: HeaderValue,
+    metrics: Metrics,
 }
 
 impl std::fmt::Debug for RateLimit {
@@ -63,7 +86,7 @@ impl std::fmt::Debug for RateLimit {
 
 impl RateLimit {
     /// The limiter the settings ask for; `None` when the rate is 0 (off).
-    pub fn new(settings: &OverloadSettings) -> Option<RateLimit> {
+    pub fn new(settings: &OverloadSettings, metrics: &Metrics) -> Option<RateLimit> {
         let rate = NonZeroU32::new(settings.rate_per_sec)?;
         let burst = NonZeroU32::new(settings.burst()).unwrap_or(rate);
         let quota = Quota::per_second(rate).allow_burst(burst);
@@ -77,24 +100,17 @@ impl RateLimit {
         Some(RateLimit(Arc::new(Inner {
             limiter,
             clock,
+            rate: rate.get(),
             burst: burst.get(),
             per_one,
             policy,
+            metrics: metrics.clone(),
         })))
     }
 
-    /// Forgets callers whose quota is whole again, every refill period, so that the
-    /// limiter holds only callers seen within one period, however many there are.
-    pub async fn forget_idle_forever(self) {
-        let every =
-            (self.0.per_one * self.0.burst).clamp(Duration::from_secs(1), Duration::from_secs(60));
-        let mut tick = tokio::time::interval(every);
-        tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-        loop {
-            tick.tick().await;
-            self.0.limiter.retain_recent();
-            self.0.limiter.shrink_to_fit();
-        }
+    /// The worker that forgets idle callers.
+    pub fn forgetting(&self) -> ForgetIdle {
+        ForgetIdle(self.clone())
     }
 
     /// Counts one request of `who`: the quota left, or how long until the next one.
@@ -120,11 +136,7 @@ impl RateLimit {
 
 /// The middleware in front of `POST /checkout` (behind the API key check, so that the
 /// caller is known), in the route only when the rate limit is on.
-pub async fn limit(
-    State((app, limit)): State<(AppState, RateLimit)>,
-    request: Request,
-    next: Next,
-) -> Response {
+pub async fn limit(State(limit): State<RateLimit>, request: Request, next: Next) -> Response {
     let who = who(&request);
     let per_one = limit.0.per_one;
     match limit.check(&who) {
@@ -135,14 +147,13 @@ pub async fn limit(
             response
         }
         Err(wait) => {
-            app.metrics().refused(Code::RateLimited.as_str());
+            limit.0.metrics.refused(Code::RateLimited.as_str());
             let retry_after = seconds(wait).max(1);
             let mut response = Problem::new(
                 Code::RateLimited,
                 format!(
                     "this caller sent more checkouts than its limit of {} per second (burst {}) on this instance; nothing was run or recorded; send again after {retry_after} s",
-                    app.settings().overload.rate_per_sec,
-                    limit.0.burst
+                    limit.0.rate, limit.0.burst
                 ),
             )
             .retry_after(retry_after)
@@ -178,12 +189,18 @@ mod tests {
         let mut settings = crate::config::Settings::default().overload;
         settings.rate_per_sec = rate;
         settings.rate_burst = burst;
-        RateLimit::new(&settings).expect("on")
+        RateLimit::new(&settings, &Metrics::new()).expect("on")
     }
 
     #[test]
     fn off_at_rate_zero_and_burst_is_twice_the_rate_unless_set() {
-        assert!(RateLimit::new(&crate::config::Settings::default().overload).is_none());
+        assert!(
+            RateLimit::new(
+                &crate::config::Settings::default().overload,
+                &Metrics::new()
+            )
+            .is_none()
+        );
         assert_eq!(limiter(5, 0).0.burst, 10);
         assert_eq!(limiter(5, 3).0.burst, 3);
         assert_eq!(limiter(2, 10).0.policy, "\"checkout\";q=10;w=5");

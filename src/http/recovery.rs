@@ -14,38 +14,45 @@ use super::idempotent;
 use super::state::AppState;
 use crate::idempotency::Lapsed;
 use crate::payments::OperationKey;
+use crate::worker::{Worker, every};
 
 /// Operations looked at per pass.
 const BATCH: i64 = 16;
 
-/// Sweeps every lease period, for as long as the service runs.
-pub async fn sweep_forever(app: AppState) {
-    let lease = app.settings().idempotency.lease;
-    let mut tick = tokio::time::interval(lease.clamp(Duration::from_millis(100), lease));
-    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-    loop {
-        tick.tick().await;
-        // An operation released after a transient failure is left to its client for one
-        // more lease period; one whose owner died has been silent that long already.
-        let lapsed = match app.records().lapsed(lease, BATCH).await {
-            Ok(lapsed) => lapsed,
-            Err(err) => {
-                tracing::warn!(error = %err, "recovery sweep: cannot look for lapsed operations");
-                continue;
-            }
-        };
-        for operation in lapsed {
-            // A resume runs a loop: it takes an admission slot like a client's checkout,
-            // so a sweep after an outage cannot overload the instance. A full instance
-            // leaves the rest for a later pass.
-            let Some(slot) = app.admission().try_admit() else {
-                tracing::debug!(
-                    "recovery sweep: the instance is full; lapsed operations wait for the next pass"
-                );
-                break;
-            };
-            Box::pin(recover(&app, operation, slot)).await;
+/// The sweep: every lease period (at least 100 ms), for as long as the service runs.
+pub struct Recovery(pub AppState);
+
+impl Worker for Recovery {
+    const NAME: &'static str = "recovery sweep";
+
+    async fn run(self) {
+        let app = &self.0;
+        let lease = app.settings().idempotency.lease;
+        every(lease.max(Duration::from_millis(100)), || sweep(app, lease)).await
+    }
+}
+
+async fn sweep(app: &AppState, lease: Duration) {
+    // An operation released after a transient failure is left to its client for one
+    // more lease period; one whose owner died has been silent that long already.
+    let lapsed = match app.records().lapsed(lease, BATCH).await {
+        Ok(lapsed) => lapsed,
+        Err(err) => {
+            tracing::warn!(error = %err, "recovery sweep: cannot look for lapsed operations");
+            return;
         }
+    };
+    for operation in lapsed {
+        // A resume runs a loop: it takes an admission slot like a client's checkout,
+        // so a sweep after an outage cannot overload the instance. A full instance
+        // leaves the rest for a later pass.
+        let Some(slot) = app.admission().try_admit() else {
+            tracing::debug!(
+                "recovery sweep: the instance is full; lapsed operations wait for the next pass"
+            );
+            break;
+        };
+        Box::pin(recover(app, operation, slot)).await;
     }
 }
 

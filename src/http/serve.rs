@@ -77,7 +77,7 @@ pub struct Bounds {
     pub max_connections: usize,
     /// Descriptors one loop holds: its client's connection and its model connection(s).
     pub per_loop: u64,
-    /// Descriptors kept for the database pool and [`SPARE_DESCRIPTORS`].
+    /// Descriptors kept for the database pool and the spare ones (`SPARE_DESCRIPTORS`).
     pub reserved: u64,
 }
 

@@ -4,7 +4,10 @@
 use metrics::Recorder;
 
 use super::{Def, Metrics, key, metadata};
-use crate::model::breaker::BreakerState;
+
+/// The states a breaker is in, as the model's breaker names them (`BreakerState::as_str`):
+/// one series each.
+const STATES: [&str; 3] = ["closed", "open", "half_open"];
 
 pub(super) const TRANSITIONS: Def = Def {
     name: "checkout_model_breaker_transitions_total",
@@ -29,10 +32,12 @@ pub(super) const STATE: Def = Def {
 };
 
 impl Metrics {
-    /// A model endpoint's circuit breaker is in `state` (set at start and on each transition).
-    pub fn breaker_state(&self, endpoint: &str, state: BreakerState) {
-        for each in BreakerState::ALL {
-            let labels = [("endpoint", endpoint), ("state", each.as_str())];
+    /// A model endpoint's circuit breaker is in `state`, one of `closed`, `open`,
+    /// `half_open` (set at start and on each transition).
+    pub fn breaker_state(&self, endpoint: &str, state: &'static str) {
+        debug_assert!(STATES.contains(&state), "{state}");
+        for each in STATES {
+            let labels = [("endpoint", endpoint), ("state", each)];
             self.0
                 .recorder
                 .register_gauge(&key(&STATE, &labels), &metadata())
@@ -41,12 +46,8 @@ impl Metrics {
     }
 
     /// A model endpoint's circuit breaker went from `from` to `to`.
-    pub fn breaker_transition(&self, endpoint: &str, from: BreakerState, to: BreakerState) {
-        let labels = [
-            ("endpoint", endpoint),
-            ("from", from.as_str()),
-            ("to", to.as_str()),
-        ];
+    pub fn breaker_transition(&self, endpoint: &str, from: &'static str, to: &'static str) {
+        let labels = [("endpoint", endpoint), ("from", from), ("to", to)];
         self.counter(&TRANSITIONS, &labels, 1);
         self.breaker_state(endpoint, to);
     }

@@ -109,7 +109,7 @@ impl Breaker {
         settings: BreakerSettings,
         metrics: &Metrics,
     ) -> Breaker {
-        metrics.breaker_state(&label, BreakerState::Closed);
+        metrics.breaker_state(&label, BreakerState::Closed.as_str());
         Breaker(Arc::new(Shared {
             endpoint,
             label,
@@ -210,7 +210,7 @@ impl Breaker {
             metrics,
             ..
         } = &*self.0;
-        metrics.breaker_transition(label, from, state);
+        metrics.breaker_transition(label, from.as_str(), state.as_str());
         let (from, to) = (from.as_str(), state.as_str());
         match state {
             BreakerState::Open => tracing::warn!(

@@ -1,3 +1,5 @@
+//! [`ModelCall`]: one chat-completions request as the model stack carries it, from the
+//! loop through the request retry to the transport.
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
 

@@ -1,3 +1,5 @@
+//! What a model request can come to when it fails: [`ModelErrorKind`], and
+//! [`ModelError`], the kind with the retries it took.
 use std::time::Duration;
 
 use tower::BoxError;

@@ -18,6 +18,7 @@ use lettre::{Address, AsyncSmtpTransport, AsyncTransport, Tokio1Executor};
 use super::{Claimed, Outbox};
 use crate::metrics::{EmailOutcome, Metrics};
 use crate::secret::Secret;
+use crate::worker::Worker;
 
 /// How confirmation emails leave the service.
 #[derive(Clone, Debug)]
@@ -125,9 +126,7 @@ impl Dispatcher {
         }
     }
 
-    /// Claims and sends due rows; waits for a new row or the next retry's time when none
-    /// is due. Rows of other instances (and of a crashed one) are found by the polling.
-    pub async fn run(self) {
+    async fn deliver_for_ever(self) {
         let poll = self
             .settings
             .backoff_min
@@ -227,6 +226,16 @@ impl Dispatcher {
                 }
             }
         }
+    }
+}
+
+impl Worker for Dispatcher {
+    const NAME: &'static str = "outbox dispatcher";
+
+    /// Claims and sends due rows; waits for a new row or the next retry's time when none
+    /// is due. Rows of other instances (and of a crashed one) are found by the polling.
+    async fn run(self) {
+        self.deliver_for_ever().await
     }
 }
 

@@ -1,3 +1,9 @@
+//! The payment gateway: the one door a charge goes through, the thesis in a signature.
+//! [`PaymentGateway::charge`] takes a [`Charge`], which needs a
+//! [`ChargeKey`](super::ChargeKey), which only an [`Order`](super::Order) gives (see
+//! `keys.rs`). Behind it, the ledger (the receipts table alone) or a payment provider
+//! (an intent first, then the provider, then the receipt).
+
 use std::sync::Arc;
 
 use super::keys::{Charge, OperationKey, OrderId, PaymentMethod};
@@ -7,8 +13,9 @@ use super::stripe::{PaymentOutcome, ProviderError, Stripe};
 use crate::db::StoreError;
 use crate::journal::NewEntry;
 
-/// Takes payments. `charge` cannot be called without a [`ChargeKey`], and only a validated
-/// [`super::Order`] makes one: the exactly-once contract is in the signature.
+/// Takes payments. `charge` cannot be called without a [`ChargeKey`](super::ChargeKey),
+/// and only a validated [`super::Order`] makes one: the exactly-once contract is in the
+/// signature.
 ///
 /// Who moves the money: the ledger (the receipts table is the record, nothing else is
 /// asked; the default) or a payment provider (an intent committed first, the provider
@@ -104,14 +111,10 @@ impl PaymentGateway {
     }
 
     /// Makes `charge`, once. Charging the same order and amount again returns the first
-    /// receipt; another amount is refused and changes nothing.
-    pub async fn charge(&self, charge: &Charge<'_>) -> Result<Charged, ChargeError> {
-        self.charge_journaled(charge, |_| Vec::new()).await
-    }
-
-    /// [`Self::charge`], committing `journal`'s entries with the receipt when this call
-    /// makes it: the assistant's record of the charge's tool result.
-    pub async fn charge_journaled(
+    /// receipt; another amount is refused and changes nothing. `journal`'s entries commit
+    /// with the receipt when this call makes it: the assistant's record of the charge's
+    /// tool result (`|_| Vec::new()` for none).
+    pub async fn charge(
         &self,
         charge: &Charge<'_>,
         journal: impl FnOnce(&Receipt) -> Vec<NewEntry>,
@@ -122,10 +125,7 @@ impl PaymentGateway {
             // path (the default) would carry that size in every checkout.
             return Box::pin(self.charge_provider(provider, charge, method, journal)).await;
         }
-        let outcome = self
-            .receipts
-            .charge_journaled(charge, None, journal)
-            .await?;
+        let outcome = self.receipts.charge(charge, None, journal).await?;
         Self::charged(outcome, charge.amount())
     }
 
@@ -275,7 +275,7 @@ impl PaymentGateway {
                     && intent.caller == charge.caller();
                 let outcome = self
                     .receipts
-                    .charge_journaled(&made, Some(&payment_id), |r| {
+                    .charge(&made, Some(&payment_id), |r| {
                         if ours { journal(r) } else { Vec::new() }
                     })
                     .await?;

@@ -2,7 +2,9 @@
 //!
 //! Parse, don't validate: each type here has one way in, and that way checks its input.
 //! [`ChargeKey`] has no public constructor at all: it is taken from an [`Order`], which
-//! only the handler's validation builds. Nothing here implements `Deserialize` or
+//! only the handler's validation builds: `clippy.toml` lists [`Order::new`] under
+//! `disallowed-methods`, so CI's `cargo clippy -- -D warnings` refuses a call anywhere
+//! but the one `#[allow]` in `http/checkout/input.rs` (and tests' fixed orders). Nothing here implements `Deserialize` or
 //! `FromStr` for a key, so a tool argument written by the model cannot become one:
 //!
 //! ```compile_fail
@@ -20,7 +22,7 @@
 //! # async fn f(gateway: PaymentGateway, order: Order, op: OperationKey) {
 //! let key = "A-100".to_string();
 //! let charge = Charge::new(&key, order.amount(), &op, "caller");
-//! gateway.charge(&charge).await;
+//! gateway.charge(&charge, |_| Vec::new()).await;
 //! # }
 //! ```
 //!
@@ -29,7 +31,7 @@
 //! # async fn f(gateway: PaymentGateway, order: Order, op: OperationKey) {
 //! let key = order.charge_key();
 //! let charge = Charge::new(&key, order.amount(), &op, "caller");
-//! gateway.charge(&charge).await;
+//! gateway.charge(&charge, |_| Vec::new()).await;
 //! # }
 //! ```
 

@@ -224,6 +224,27 @@ both_backends!(
     }
 );
 
+both_backends!(
+    a_keyless_checkout_is_recorded_under_its_callers_name,
+    |backend| async move {
+        let s = Service::start(backend, AuthMode::Auto).await;
+        let shop = bearer(&s.create_key("shop").await);
+        let reply = s.checkout("K-1", &[("authorization", &shop)]).await;
+        assert_eq!(reply.status, 200, "{}", reply.text());
+        // Seen failing without the caller passed on the keyless branch: the receipt was
+        // recorded under the anonymous caller '' (0 rows under 'shop').
+        assert_eq!(
+            s.db.count(
+                "SELECT count(*) FROM receipts WHERE order_id = 'K-1' AND caller = 'shop'",
+                None
+            )
+            .await,
+            1
+        );
+        assert_eq!(s.db.all_receipts().await, 1);
+    }
+);
+
 /// `charged` says whether this operation made the charge, and an operation is its
 /// caller's: another caller's operation under the same Idempotency-Key did not make
 /// Alice's charge (receipts record the caller beside the operation key).

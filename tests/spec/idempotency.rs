@@ -198,6 +198,10 @@ async fn lease_and_fence(backend: Backend) {
     };
     let database = Database::open(&db.url, &pool).await.unwrap();
     let store = Records::new(&database);
+    #[allow(
+        clippy::disallowed_methods,
+        reason = "a test's fixed order, not a request's"
+    )]
     let order = Order::new(
         OrderId::parse("L-1").unwrap(),
         Money::parse("1.00", Currency::USD).unwrap(),

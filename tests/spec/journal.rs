@@ -197,6 +197,10 @@ async fn only_the_lease_holder_appends(backend: Backend) {
     };
     let database = Database::open(&db.url, &pool).await.unwrap();
     let (records, journal) = (Records::new(&database), Journal::new(&database));
+    #[allow(
+        clippy::disallowed_methods,
+        reason = "a test's fixed order, not a request's"
+    )]
     let order = Order::new(
         OrderId::parse("J-2").unwrap(),
         Money::parse("1.00", Currency::USD).unwrap(),

@@ -23,3 +23,4 @@ mod provider;
 mod real_server_answers;
 mod store_contract;
 mod traces;
+mod workers;

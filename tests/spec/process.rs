@@ -44,6 +44,44 @@ async fn the_embedded_defaults_serve_with_the_scripted_model_and_say_so() {
     assert_eq!(reply.json()["receipt"]["amount"], "42.50");
 }
 
+/// The built-in model names itself for what it is, not after OpenAI's default model
+/// (OPENAI_MODEL, gpt-4o-mini, names a real endpoint's model): in the answer, the
+/// readiness, the start-up line and the metrics. Seen failing with
+/// `"models":["gpt-4o-mini"]` before it was named.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_built_in_model_is_named_scripted_everywhere() {
+    let dir = tempfile::tempdir().unwrap();
+    let url = format!("sqlite://{}", dir.path().join("checkout.db").display());
+    let process = Process::start(&[("DATABASE_URL", &url)]);
+    let http = client();
+    let reply = checkout(&http, &process, "N-1", "1.00").await;
+    assert_eq!(reply.status, 200, "{}", reply.text());
+    assert_eq!(
+        reply.json()["usage"]["models"],
+        serde_json::json!(["scripted"])
+    );
+    let ready = Reply::read(http.get(process.url("/health/ready")).send().await.unwrap()).await;
+    assert_eq!(ready.json()["model"]["model"], "scripted");
+    let logs = process.logs();
+    assert!(
+        logs.iter()
+            .any(|l| l.contains("model endpoint 1: scripted@http://127.0.0.1:")),
+        "{logs:#?}"
+    );
+    assert!(!logs.iter().any(|l| l.contains("gpt-4o-mini")), "{logs:#?}");
+    let metrics = Reply::read(http.get(process.url("/metrics")).send().await.unwrap()).await;
+    assert!(
+        metrics.text().contains("gen_ai_request_model=\"scripted\""),
+        "{}",
+        metrics.text()
+    );
+    assert!(
+        !metrics.text().contains("gpt-4o-mini"),
+        "{}",
+        metrics.text()
+    );
+}
+
 /// Its log read from a pipe (as a file, journald or a collector reads it) is plain text:
 /// colour codes only on a terminal.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -103,9 +103,9 @@ both_backends!(
         assert_eq!(problem["field"], "paymentMethod", "{problem}");
         let bad = h
             .post(
-                "/checkout",
+                "/checkout?orderId=P-1&amount=42.50&paymentMethod=card_visa",
                 &[],
-                Some(r#"{"orderId": "P-1", "amount": "42.50", "paymentMethod": "card_visa"}"#),
+                None,
             )
             .await;
         assert_eq!(bad.problem(400)["field"], "paymentMethod");

@@ -8,6 +8,10 @@ use checkout::payments::{
     Charge, ChargeOutcome, Currency, Money, OperationKey, Order, OrderId, Receipt, Receipts,
 };
 
+#[allow(
+    clippy::disallowed_methods,
+    reason = "a test's fixed order, not a request's"
+)]
 fn order(id: &str, amount: &str, currency: &str) -> Order {
     let currency = Currency::parse(currency).unwrap();
     Order::new(
@@ -33,7 +37,11 @@ async fn contract(store: Arc<Receipts>, db: &TestDb) {
 
     // The first charge creates the receipt, with exactly what was asked.
     let ChargeOutcome::Created(first) = store
-        .charge(&Charge::new(&a.charge_key(), a.amount(), &op, ""))
+        .charge(
+            &Charge::new(&a.charge_key(), a.amount(), &op, ""),
+            None,
+            |_| Vec::new(),
+        )
         .await
         .unwrap()
     else {
@@ -45,12 +53,11 @@ async fn contract(store: Arc<Receipts>, db: &TestDb) {
 
     // The same order and amount: the first receipt, unchanged, from any operation.
     let again = store
-        .charge(&Charge::new(
-            &a.charge_key(),
-            a.amount(),
-            &OperationKey::mint(),
-            "",
-        ))
+        .charge(
+            &Charge::new(&a.charge_key(), a.amount(), &OperationKey::mint(), ""),
+            None,
+            |_| Vec::new(),
+        )
         .await
         .unwrap();
     assert_eq!(again, ChargeOutcome::Existing(first.clone()));
@@ -58,7 +65,11 @@ async fn contract(store: Arc<Receipts>, db: &TestDb) {
     // Another amount: a conflict carrying the receipt that stands; nothing changes.
     let other = order("C-1", "42.51", "USD");
     let conflict = store
-        .charge(&Charge::new(&other.charge_key(), other.amount(), &op, ""))
+        .charge(
+            &Charge::new(&other.charge_key(), other.amount(), &op, ""),
+            None,
+            |_| Vec::new(),
+        )
         .await
         .unwrap();
     assert_eq!(conflict, ChargeOutcome::AmountConflict(first.clone()));
@@ -66,7 +77,11 @@ async fn contract(store: Arc<Receipts>, db: &TestDb) {
     let euros = order("C-1", "42.50", "EUR");
     assert!(matches!(
         store
-            .charge(&Charge::new(&euros.charge_key(), euros.amount(), &op, ""))
+            .charge(
+                &Charge::new(&euros.charge_key(), euros.amount(), &op, ""),
+                None,
+                |_| Vec::new()
+            )
             .await
             .unwrap(),
         ChargeOutcome::AmountConflict(_)
@@ -91,7 +106,11 @@ async fn contract(store: Arc<Receipts>, db: &TestDb) {
     ] {
         let o = order(id, amount, currency);
         let ChargeOutcome::Created(r) = store
-            .charge(&Charge::new(&o.charge_key(), o.amount(), &op, ""))
+            .charge(
+                &Charge::new(&o.charge_key(), o.amount(), &op, ""),
+                None,
+                |_| Vec::new(),
+            )
             .await
             .unwrap()
         else {
@@ -112,12 +131,11 @@ async fn contract(store: Arc<Receipts>, db: &TestDb) {
         let race = race.clone();
         tasks.spawn(async move {
             store
-                .charge(&Charge::new(
-                    &race.charge_key(),
-                    race.amount(),
-                    &OperationKey::mint(),
-                    "",
-                ))
+                .charge(
+                    &Charge::new(&race.charge_key(), race.amount(), &OperationKey::mint(), ""),
+                    None,
+                    |_| Vec::new(),
+                )
                 .await
                 .unwrap()
         });
@@ -149,12 +167,11 @@ async fn contract(store: Arc<Receipts>, db: &TestDb) {
             let o = order(&format!("C-PAIR-{i}"), amount, "USD");
             tasks.spawn(async move {
                 let outcome = store
-                    .charge(&Charge::new(
-                        &o.charge_key(),
-                        o.amount(),
-                        &OperationKey::mint(),
-                        "",
-                    ))
+                    .charge(
+                        &Charge::new(&o.charge_key(), o.amount(), &OperationKey::mint(), ""),
+                        None,
+                        |_| Vec::new(),
+                    )
                     .await
                     .unwrap();
                 (o.id().clone(), outcome)
@@ -234,12 +251,11 @@ async fn two_writers_on_one_postgres_never_deadlock() {
                 let (store, o) = (store.clone(), order(&id, "5.00", "USD"));
                 tasks.spawn(async move {
                     store
-                        .charge(&Charge::new(
-                            &o.charge_key(),
-                            o.amount(),
-                            &OperationKey::mint(),
-                            "",
-                        ))
+                        .charge(
+                            &Charge::new(&o.charge_key(), o.amount(), &OperationKey::mint(), ""),
+                            None,
+                            |_| Vec::new(),
+                        )
                         .await
                 });
             }

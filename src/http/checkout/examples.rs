@@ -93,6 +93,13 @@ impl IntoResponses for CheckoutErrors {
                 )],
             ),
             (
+                "`content_too_large`: the body is over the limit (CHECKOUT_BODY_LIMIT_BYTES, 16384 bytes by default); nothing was run or recorded",
+                vec![Problem::new(
+                    Code::ContentTooLarge,
+                    "the request body is larger than this service takes (CHECKOUT_BODY_LIMIT_BYTES); nothing was run or recorded",
+                )],
+            ),
+            (
                 "`unauthorized`: no valid API key (see WWW-Authenticate); nothing was charged",
                 vec![Problem::unauthorized(AuthRefusal::Missing)],
             ),

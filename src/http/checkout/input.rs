@@ -1,36 +1,29 @@
-//! What a checkout request says: the order from the query and the body, checked field
-//! by field, and the answer format the client asked for.
+//! What a checkout request says: the order, given once, in the query string, checked
+//! field by field; and the answer format the client asked for.
 
 use axum::extract::FromRequestParts;
 use axum::http::header;
 use axum::http::request::Parts;
 use serde::Deserialize;
-use serde_json::value::RawValue;
-use utoipa::openapi::RefOr;
-use utoipa::openapi::schema::{ObjectBuilder, OneOfBuilder, Schema, SchemaType, Type};
-use utoipa::{IntoParams, PartialSchema, ToSchema};
+use utoipa::IntoParams;
+use utoipa::openapi::schema::{ObjectBuilder, Schema, Type};
 
 use crate::http::error::Problem;
 use crate::outbox::Recipient;
-use crate::payments::money::json_decimal;
 use crate::payments::{Currency, Money, Order, OrderId, PaymentMethod};
 
-/// A plain decimal above zero with at most 3 minor digits: no sign, no exponent, no
-/// separators. How many minor digits, and how large, depend on the currency and the
-/// settings, which a pattern cannot say. (The derive macros take only string literals, so
-/// the query parameter repeats it.)
-const AMOUNT_PATTERN: &str =
-    "^(0*[1-9][0-9]*(\\.[0-9]{1,3})?|0+\\.([1-9][0-9]{0,2}|0[1-9][0-9]?|00[1-9]))$";
-
 /// The order to charge, as query parameters (as in the article:
-/// `POST /checkout?orderId=A-100&amount=42.50`).
+/// `POST /checkout?orderId=A-100&amount=42.50`): the one place a checkout names it, so
+/// each field is given once.
 #[derive(Deserialize, IntoParams)]
 #[into_params(parameter_in = Query)]
 #[serde(deny_unknown_fields)]
 pub struct CheckoutQuery {
     /// The order id: 1–64 of `A-Z a-z 0-9 . _ : -`, starting with a letter or digit.
-    /// Required here or in the JSON body.
+    // Optional to serde, required in the document: a missing one is the handler's 400
+    // naming the field, not the query parser's.
     #[param(
+        required = true,
         example = "A-100",
         min_length = 1,
         max_length = 64,
@@ -39,9 +32,11 @@ pub struct CheckoutQuery {
     #[serde(rename = "orderId")]
     order_id: Option<String>,
     /// The amount, a decimal > 0 with at most the currency's minor digits (0 for JPY and
-    /// KRW, 3 for BHD and KWD, 2 for the others), at most the configured maximum.
-    /// Required here or in the JSON body.
+    /// KRW, 3 for BHD and KWD, 2 for the others), at most the configured maximum: a
+    /// plain decimal, no sign, no exponent, no separators. How many minor digits, and how
+    /// large, depend on the currency and the settings, which a pattern cannot say.
     #[param(
+        required = true,
         example = "42.50",
         pattern = "^(0*[1-9][0-9]*(\\.[0-9]{1,3})?|0+\\.([1-9][0-9]{0,2}|0[1-9][0-9]?|00[1-9]))$"
     )]
@@ -68,149 +63,55 @@ pub struct CheckoutQuery {
     payment_method: Option<String>,
 }
 
-/// The order to charge, as a JSON body (instead of, or agreeing with, the query). An
-/// empty object, or no body, leaves the query parameters to say it.
-#[derive(Default, Deserialize, ToSchema)]
-#[serde(deny_unknown_fields, rename_all = "camelCase")]
-#[schema(example = json!({"orderId": "A-100", "amount": "42.50", "currency": "USD"}))]
-pub struct CheckoutBody {
-    /// The order id: 1–64 of `A-Z a-z 0-9 . _ : -`, starting with a letter or digit.
-    #[schema(
-        example = "A-100",
-        min_length = 1,
-        max_length = 64,
-        pattern = "^[A-Za-z0-9][A-Za-z0-9._:-]{0,63}$"
-    )]
-    order_id: Option<String>,
-    amount: Option<JsonAmount>,
-    #[schema(schema_with = nullable_currency_schema)]
-    currency: Option<String>,
-    /// The customer's address (one, at most 254 characters, at most 64 before the `@`):
-    /// with it, the confirmation email is sent once per operation.
-    #[schema(
-        example = "ann@example.com",
-        max_length = 254,
-        pattern = "^[A-Za-z0-9_%+-]+(\\.[A-Za-z0-9_%+-]+)*@[A-Za-z0-9]([A-Za-z0-9-]{0,61}[A-Za-z0-9])?(\\.[A-Za-z0-9]([A-Za-z0-9-]{0,61}[A-Za-z0-9])?)*$"
-    )]
-    pub(super) email: Option<String>,
-    /// The payment provider's payment method (`pm_…`): required with a payment provider,
-    /// optional with the ledger.
-    #[schema(
-        example = "pm_card_visa",
-        max_length = 255,
-        pattern = "^pm_[A-Za-z0-9_]+$"
-    )]
-    payment_method: Option<String>,
-}
-
-/// The amount as a decimal string (`"42.50"`) or a JSON number (`42.50`), kept as written:
-/// a number is read from its digits, never through a float.
-#[derive(Deserialize)]
-#[serde(transparent)]
-pub struct JsonAmount(Box<RawValue>);
-
-impl PartialSchema for JsonAmount {
-    fn schema() -> RefOr<Schema> {
-        OneOfBuilder::new()
-            .item(
-                ObjectBuilder::new()
-                    .schema_type(Type::String)
-                    .pattern(Some(AMOUNT_PATTERN)),
-            )
-            .item(
-                // Read from its digits: a number written with an exponent (`1e3`) is
-                // refused, so the largest a client prints without one is the bound.
-                ObjectBuilder::new()
-                    .schema_type(Type::Number)
-                    .exclusive_minimum(Some(0.0))
-                    .maximum(Some(1e12))
-                    .multiple_of(Some(0.001)),
-            )
-            .description(Some(
-                "A decimal > 0 with at most the currency's minor digits, as a string or a JSON number, read exactly",
-            ))
-            .examples([serde_json::json!("42.50")])
-            .into()
-    }
-}
-
-impl ToSchema for JsonAmount {}
-
 /// The currencies taken, from the list the handler checks against.
 fn currency_schema() -> Schema {
-    currency_schema_of(false)
-}
-
-/// In the body, `null` is as good as leaving the currency out.
-fn nullable_currency_schema() -> Schema {
-    currency_schema_of(true)
-}
-
-fn currency_schema_of(nullable: bool) -> Schema {
-    let schema_type = if nullable {
-        SchemaType::from_iter([Type::String, Type::Null])
-    } else {
-        Type::String.into()
-    };
     let codes = Currency::codes().map(serde_json::Value::from);
     ObjectBuilder::new()
-        .schema_type(schema_type)
-        .enum_values(Some(
-            codes.chain(nullable.then_some(serde_json::Value::Null)),
-        ))
+        .schema_type(Type::String)
+        .enum_values(Some(codes))
         .description(Some("ISO 4217 code; `USD` when not given"))
         .examples([serde_json::json!("USD")])
         .into()
 }
 
-/// The order from the query and the body, field by field. A field given in both must
-/// have the same value in both. `needs_method`: a payment provider takes the payment.
+/// The order the query names, field by field. `needs_method`: a payment provider takes
+/// the payment.
 pub(super) fn order(
     query: CheckoutQuery,
-    body: CheckoutBody,
     max_amount: u64,
     needs_method: bool,
 ) -> Result<Order, Problem> {
-    let body_amount = body
-        .amount
-        .map(|JsonAmount(raw)| json_decimal(&raw).ok_or(()))
-        .transpose()
-        .map_err(|()| {
-            Problem::invalid("amount", "amount must be a decimal string or a JSON number")
-        })?;
-    let order_id = one_of("orderId", query.order_id, body.order_id)?.ok_or_else(|| {
-        Problem::invalid(
-            "orderId",
-            "orderId is required, as a query parameter or in the JSON body",
-        )
-    })?;
+    let order_id = query
+        .order_id
+        .ok_or_else(|| Problem::invalid("orderId", "orderId is required"))?;
     let order_id = OrderId::parse(&order_id)
         .map_err(|err| Problem::invalid("orderId", format!("orderId {err}")))?;
-    let currency = match one_of("currency", query.currency, body.currency)? {
+    let currency = match query.currency {
         Some(code) => Currency::parse(&code)
             .map_err(|err| Problem::invalid("currency", format!("currency: {err}")))?,
         None => Currency::USD,
     };
-    let amount = one_of("amount", query.amount, body_amount)?.ok_or_else(|| {
-        Problem::invalid(
-            "amount",
-            "amount is required, as a query parameter or in the JSON body",
-        )
-    })?;
+    let amount = query
+        .amount
+        .ok_or_else(|| Problem::invalid("amount", "amount is required"))?;
     let amount = Money::parse(&amount, currency)
         .and_then(|m| m.at_most(max_amount))
         .map_err(|err| Problem::invalid("amount", format!("amount {err}")))?;
-    let method = one_of("paymentMethod", query.payment_method, body.payment_method)?
+    let method = query
+        .payment_method
         .map(|m| PaymentMethod::parse(&m))
         .transpose()
         .map_err(|err| Problem::invalid("paymentMethod", format!("paymentMethod {err}")))?;
     if needs_method && method.is_none() {
         return Err(Problem::invalid(
             "paymentMethod",
-            "paymentMethod is required with the payment provider, as a query parameter or in the JSON body (a pm_… id, e.g. pm_card_visa)",
+            "paymentMethod is required with the payment provider (a pm_… id, e.g. pm_card_visa)",
         ));
     }
-    Ok(Order::new(order_id, amount).with_payment_method(method))
+    // The one place an Order is made (clippy.toml): from the client's request, checked.
+    #[allow(clippy::disallowed_methods, reason = "the handler's validation")]
+    let order = Order::new(order_id, amount);
+    Ok(order.with_payment_method(method))
 }
 
 /// A request as its Idempotency-Key record keeps it ([`Fingerprint::request`]), checked
@@ -227,39 +128,19 @@ pub(crate) fn rebuild(
     };
     let mut query: CheckoutQuery =
         serde_json::from_value(serde_json::Value::Object(fields)).map_err(|err| err.to_string())?;
-    let email = recipient(query.email.take(), None).map_err(|p| p.body.detail.clone())?;
+    let email = recipient(query.email.take()).map_err(|p| p.body.detail.clone())?;
     // The method was required, or not, when the request was first taken.
-    let order =
-        order(query, CheckoutBody::default(), max_amount, false).map_err(|p| p.body.detail)?;
+    let order = order(query, max_amount, false).map_err(|p| p.body.detail)?;
     Ok((order, email, format))
 }
 
-/// The customer's address, if the query or the body names one.
-pub(super) fn recipient(
-    query: Option<String>,
-    body: Option<String>,
-) -> Result<Option<Recipient>, Problem> {
-    one_of("email", query, body)?
+/// The customer's address, if the query names one.
+pub(super) fn recipient(query: Option<String>) -> Result<Option<Recipient>, Problem> {
+    query
         .map(|text| {
             Recipient::parse(&text).map_err(|err| Problem::invalid("email", format!("email {err}")))
         })
         .transpose()
-}
-
-fn one_of(
-    field: &str,
-    query: Option<String>,
-    body: Option<String>,
-) -> Result<Option<String>, Problem> {
-    match (query, body) {
-        (Some(q), Some(b)) if q != b => Err(Problem::invalid(
-            field,
-            format!(
-                "{field} is {q:?} in the query but {b:?} in the body; give it once, or the same in both"
-            ),
-        )),
-        (q, b) => Ok(q.or(b)),
-    }
 }
 
 /// JSON unless the client prefers `text/plain`.

@@ -9,7 +9,7 @@ mod outcome;
 
 pub use examples::CheckoutErrors;
 pub(crate) use input::rebuild;
-pub use input::{CheckoutBody, CheckoutQuery, Format, JsonAmount};
+pub use input::{CheckoutQuery, Format};
 use input::{order, recipient};
 pub use outcome::{CheckoutResponse, UsageView};
 use outcome::{failure, paid_anyway, success};
@@ -22,7 +22,7 @@ use crate::caller::Caller;
 use crate::http::admission::Slot;
 use crate::http::answer::HttpAnswer;
 use crate::http::error::Code;
-use crate::http::extract::{JsonBody, Params};
+use crate::http::extract::{NoBody, Params};
 use crate::http::idempotent::{self, IdempotencyKey};
 use crate::http::state::AppState;
 use crate::idempotency::{Fingerprint, Lease};
@@ -34,18 +34,9 @@ use crate::payments::{OperationKey, Order};
     path = "/checkout",
     tag = "checkout",
     summary = "Charge an order through the checkout assistant",
-    description = "Runs the assistant loop: the model calls the `charge` tool, the gateway charges the order once (keyed by the order id), the model confirms. Give the order as query parameters or as a JSON body; a field given in both must agree. Send `Accept: text/plain` for the confirmation sentence alone.",
+    description = "Runs the assistant loop: the model calls the `charge` tool, the gateway charges the order once (keyed by the order id), the model confirms. The order is given once, as query parameters; the operation reads no body (a body is refused with 400, or 413 over the body limit). Send `Accept: text/plain` for the confirmation sentence alone.",
     params(CheckoutQuery, IdempotencyKey),
     security(("api_key" = [])),
-    request_body(
-        content = Option<CheckoutBody>,
-        content_type = "application/json",
-        description = "The order, instead of query parameters. An empty object (or no body) leaves the query parameters to say it.",
-        examples(
-            ("query parameters only" = (summary = "The order is in the query parameters", value = json!({}))),
-            ("the order in the body" = (summary = "The order as a JSON body", value = json!({"orderId": "A-100", "amount": "42.50", "currency": "USD"}))),
-        )
-    ),
     responses(
         (status = 200, description = "The order is charged (now, or by an earlier operation)", content(
             (CheckoutResponse = "application/json"),
@@ -60,17 +51,12 @@ pub async fn checkout(
     format: Format,
     IdempotencyKey(client_key): IdempotencyKey,
     Params(mut query): Params<CheckoutQuery>,
-    JsonBody(mut body): JsonBody<CheckoutBody>,
+    _: NoBody,
 ) -> Response {
     let needs_method = app.gateway().needs_payment_method();
-    let email = recipient(query.email.take(), body.email.take());
-    let checked = order(
-        query,
-        body,
-        app.settings().payments.max_amount,
-        needs_method,
-    )
-    .and_then(|order| Ok((order, email?)));
+    let email = recipient(query.email.take());
+    let checked = order(query, app.settings().payments.max_amount, needs_method)
+        .and_then(|order| Ok((order, email?)));
     let (order, email) = match checked {
         Ok(checked) => checked,
         Err(problem) => {
@@ -78,9 +64,10 @@ pub async fn checkout(
             return problem.into_response();
         }
     };
+    // The operation is its caller's, keyed or not: a receipt records who paid.
+    let caller = caller.map(|Extension(c)| c.0).unwrap_or_default();
     match client_key {
         Some(key) => {
-            let caller = caller.map(|Extension(c)| c.0).unwrap_or_default();
             let mut fingerprint = Fingerprint::of_checkout(&order).with_email(email.as_ref());
             if format == Format::Text {
                 // Kept with the request for the recovery sweep; not part of its identity.
@@ -107,7 +94,7 @@ pub async fn checkout(
             let operation_key = OperationKey::mint();
             idempotent::detached(async move {
                 let _slot = slot;
-                run(&app, order, email, operation_key, "", None, format).await
+                run(&app, order, email, operation_key, &caller, None, format).await
             })
             .await
             .into_response()

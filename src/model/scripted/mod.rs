@@ -30,6 +30,12 @@ use tokio::task::JoinHandle;
 pub use plan::{Fault, FaultRule, RetryAfter, describe};
 use server::{Plan, State, accept_loop};
 
+/// The model name the built-in scripted model goes by, when it is the service's model (no
+/// model configured): in the requests sent to it, so in its answers, the answer's
+/// `usage.models`, the start-up lines, the spans and the metrics. What it is, never a
+/// real model's name (OPENAI_MODEL names a real endpoint's model).
+pub const MODEL: &str = "scripted";
+
 /// What the scripted model is told before it starts.
 #[derive(Clone, Debug, Default)]
 pub struct Script {

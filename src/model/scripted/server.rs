@@ -84,7 +84,7 @@ async fn handle(state: Arc<State>, request: Request<Incoming>) -> Result<Reply, 
         }
         (&Method::GET, "/v1/models" | "/models") => Ok(json_answer(
             StatusCode::OK,
-            &json!({"object": "list", "data": [{"id": "scripted", "object": "model", "owned_by": "checkout"}]}),
+            &json!({"object": "list", "data": [{"id": super::MODEL, "object": "model", "owned_by": "checkout"}]}),
         )),
         (&Method::GET, "/_scripted/stats") => {
             let by_round = state.by_round.lock().unwrap().clone();

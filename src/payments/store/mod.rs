@@ -17,7 +17,7 @@ use uuid::Uuid;
 use super::keys::{Charge, OrderId};
 use crate::db::{Database, GroupWriter, StoreError};
 use crate::journal::NewEntry;
-use receipts::{ChargeRow, Charges, NewReceipt};
+use receipts::{ChargeRow, Charges};
 
 /// What a charge did.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -31,7 +31,7 @@ pub enum ChargeOutcome {
 }
 
 /// The receipts of the service's database, with the task that commits charges in groups
-/// (it ends when the last clone is dropped). The contract is `tests/store_contract.rs`.
+/// (it ends when the last clone is dropped). The contract is `tests/spec/store_contract.rs`.
 #[derive(Clone, Debug)]
 pub struct Receipts {
     db: Database,
@@ -48,15 +48,12 @@ impl Receipts {
 
     /// Makes `charge` once. Every later or concurrent charge of the same order gets the
     /// first receipt back, or [`ChargeOutcome::AmountConflict`] for another amount.
-    pub async fn charge(&self, charge: &Charge<'_>) -> Result<ChargeOutcome, StoreError> {
-        self.charge_journaled(charge, None, |_| Vec::new()).await
-    }
-
-    /// [`Self::charge`], where `journal` gives the journal entries that commit with the
-    /// receipt when this call makes it (in the same statement or transaction): a resumed
-    /// loop then finds the charge's tool result whenever it finds the charge. With a
-    /// payment provider, `provider_payment_id` is the provider's id of the charge.
-    pub async fn charge_journaled(
+    ///
+    /// `journal` gives the journal entries that commit with the receipt when this call
+    /// makes it (in the same statement or transaction): a resumed loop then finds the
+    /// charge's tool result whenever it finds the charge. With a payment provider,
+    /// `provider_payment_id` is the provider's id of the charge.
+    pub async fn charge(
         &self,
         charge: &Charge<'_>,
         provider_payment_id: Option<&str>,
@@ -64,24 +61,18 @@ impl Receipts {
     ) -> Result<ChargeOutcome, StoreError> {
         let order_id = charge.order_id();
         let amount = charge.amount();
-        let receipt = NewReceipt {
+        // Its id and time are chosen once, in Rust, so that both databases store the same
+        // values (microseconds, as Postgres keeps them).
+        let receipt = Receipt {
             id: Uuid::now_v7(),
-            order_id: order_id.as_str().to_owned(),
+            order_id: order_id.clone(),
             amount,
             operation_key: charge.operation().as_str().to_owned(),
             caller: charge.caller().to_owned(),
             created_at: Utc::now().trunc_subsecs(6),
             provider_payment_id: provider_payment_id.map(str::to_owned),
         };
-        let entries = journal(&Receipt {
-            id: receipt.id,
-            order_id: order_id.clone(),
-            amount,
-            operation_key: receipt.operation_key.clone(),
-            caller: receipt.caller.clone(),
-            created_at: receipt.created_at,
-            provider_payment_id: receipt.provider_payment_id.clone(),
-        });
+        let entries = journal(&receipt);
         if let Some(receipt) = self.writer.write(ChargeRow { receipt, entries }).await? {
             return Ok(ChargeOutcome::Created(receipt));
         }

@@ -17,7 +17,7 @@ use crate::journal::{self, NewEntry, PgEntries};
 use crate::payments::keys::OrderId;
 use crate::payments::money::{Currency, Money};
 
-/// Proof that an order was charged.
+/// Proof that an order was charged: the row a charge inserts, and what a read returns.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Receipt {
     pub id: Uuid,
@@ -32,24 +32,11 @@ pub struct Receipt {
     pub provider_payment_id: Option<String>,
 }
 
-/// A receipt row about to be inserted: its id and time are chosen once, in Rust, so that
-/// both databases store the same values (microseconds, as Postgres keeps them).
-#[derive(Debug)]
-pub struct NewReceipt {
-    pub id: Uuid,
-    pub order_id: String,
-    pub amount: Money,
-    pub operation_key: String,
-    pub caller: String,
-    pub created_at: DateTime<Utc>,
-    pub provider_payment_id: Option<String>,
-}
-
 /// A charge for the group writer: its receipt row, and the journal entries that commit
 /// with it if the row goes in.
 #[derive(Debug)]
 pub struct ChargeRow {
-    pub receipt: NewReceipt,
+    pub receipt: Receipt,
     pub entries: Vec<NewEntry>,
 }
 
@@ -84,7 +71,7 @@ impl GroupWrite for Charges {
     type Out = Option<Receipt>;
 
     fn order(a: &ChargeRow, b: &ChargeRow) -> Ordering {
-        a.receipt.order_id.cmp(&b.receipt.order_id)
+        a.receipt.order_id.as_str().cmp(b.receipt.order_id.as_str())
     }
 
     /// One round trip a group on Postgres (one statement: an explicit transaction would
@@ -117,7 +104,7 @@ pub async fn insert(conn: Conn<'_>, rows: &[ChargeRow]) -> Result<Vec<Receipt>, 
                 let receipt = r.receipt.id.to_string();
                 r.entries.iter().map(move |e| (Some(receipt.clone()), e))
             }));
-            let rows: Vec<&NewReceipt> = rows.iter().map(|r| &r.receipt).collect();
+            let rows: Vec<&Receipt> = rows.iter().map(|r| &r.receipt).collect();
             let query = sqlx::query_as(INSERT_UNNEST)
                 .bind(rows.iter().map(|r| r.id).collect::<Vec<_>>())
                 .bind(rows.iter().map(|r| r.order_id.as_str()).collect::<Vec<_>>())
@@ -146,7 +133,7 @@ pub async fn insert(conn: Conn<'_>, rows: &[ChargeRow]) -> Result<Vec<Receipt>, 
             statement.push_values(rows.iter().map(|r| &r.receipt), |mut values, row| {
                 values
                     .push_bind(row.id.hyphenated().to_string())
-                    .push_bind(row.order_id.clone())
+                    .push_bind(row.order_id.as_str().to_owned())
                     .push_bind(row.amount.minor())
                     .push_bind(row.amount.currency().code())
                     .push_bind(row.operation_key.clone())
