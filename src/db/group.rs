@@ -93,8 +93,9 @@ impl<W: GroupWrite> GroupWriter<W> {
 
 /// The writer's side: a group is one statement on one connection, which it keeps when
 /// the pool has others to spare. Taking one from the pool for every group had the pool
-/// open new ones as load rose, and opening one with TLS takes sqlx about 90 ms here (2–4 ms
-/// without; sqlx 0.9 leaves Nagle on), a stall that every row of the group waited out.
+/// open new ones as load rose, and opening one with TLS took sqlx about 90 ms here (2–4 ms
+/// without; sqlx 0.9.0 left Nagle on, vendor/README.md), a stall that every row of the
+/// group waited out.
 /// SQLite's pool has one connection, which the reads need between groups.
 struct Writer<W> {
     db: Database,
