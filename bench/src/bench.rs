@@ -28,6 +28,7 @@ use crate::svg;
 
 mod counts;
 mod cpu;
+mod keyed;
 mod loops;
 mod outage;
 mod overload;
@@ -80,6 +81,11 @@ struct Plan {
     outage_before_ms: u64,
     outage_window_ms: u64,
     outage_after_ms: u64,
+    /// Figure 13: runs, the concurrencies, and each point's warm-up and window.
+    keyed_runs: usize,
+    keyed_in_flight: Vec<usize>,
+    keyed_warmup_ms: u64,
+    keyed_window_ms: u64,
     /// Extra environment for every service process (`--service-env NAME=VALUE`).
     service_env: Vec<(String, String)>,
 }
@@ -116,6 +122,10 @@ impl Plan {
                 outage_before_ms: 2000,
                 outage_window_ms: 4000,
                 outage_after_ms: 4000,
+                keyed_runs: 1,
+                keyed_in_flight: vec![1, 16, 32, 48, 64, 128, 256],
+                keyed_warmup_ms: 300,
+                keyed_window_ms: 1000,
                 service_env: vec![],
             }
         } else {
@@ -148,6 +158,10 @@ impl Plan {
                 outage_before_ms: 3000,
                 outage_window_ms: 6000,
                 outage_after_ms: 5000,
+                keyed_runs: 3,
+                keyed_in_flight: vec![1, 16, 32, 48, 64, 128, 256],
+                keyed_warmup_ms: 500,
+                keyed_window_ms: 2000,
                 service_env: vec![],
             }
         }
@@ -189,10 +203,12 @@ struct Bench {
     started: Instant,
     /// Plot points: (panel, series label, concurrency, ms).
     points: Vec<(u8, String, f64, f64)>,
+    /// Figure 13's plot points: (panel, series label, concurrency, value).
+    keyed_points: Vec<(u8, String, f64, f64)>,
 }
 
 const USAGE: &str = "\
-usage: checkout-bench [--quick] [--only cpu,loops,retry,saving,startup,sweep,counts,overload,outage,partial]
+usage: checkout-bench [--quick] [--only cpu,loops,retry,saving,startup,sweep,counts,overload,outage,partial,keyed]
                       [--db sqlite,postgres] [--runs N] [--concurrency N] [--overload-limit N]
                       [--http1] [--out DIR] [--work DIR]
                       [--service-bin PATH] [--no-build] [--postgres postgres://postgres@127.0.0.1:5432]
@@ -210,9 +226,8 @@ its floor (floor-loop), 3 retry amplification (20 % of model requests 503), 4 st
 7 instructions and heap allocations per checkout (under valgrind: callgrind, dhat),
 8 overload (twice --overload-limit checkouts offered at once: 1,000 with --quick, else
 5,000; the admitted ones served, the rest refused with 503 overloaded at once).
-9 an outage of the primary model endpoint with a healthy fallback (DIR/outage-DB.svg).
-10 partial faults: an endpoint answering 0-50 % of requests 503, alone or with a fallback,
-breaker on and off: success, model requests a checkout, p99 (DIR/partial-DB.svg).
+K keyed checkouts in flight (a fresh Idempotency-Key each, 1 to 256 in flight, an
+instant model; DIR/keyed-in-flight.svg).
 --quick takes under a minute; the full run under ten. Writes DIR/results.json,
 DIR/results.md and DIR/latency.svg (DIR/*-quick.* with --quick); DIR is --out, else
 bench/ when run by `cargo run -p checkout-bench`, else the current directory. Logs and
@@ -228,7 +243,9 @@ pub fn main(args: &mut Args) -> Result<(), String> {
     let mut plan = Plan::new(quick);
     let only: Vec<String> = args
         .value("--only")?
-        .unwrap_or_else(|| "startup,cpu,retry,saving,loops,sweep,counts,overload,outage".into())
+        .unwrap_or_else(|| {
+            "startup,cpu,retry,saving,loops,sweep,counts,overload,outage,keyed".into()
+        })
         .split(',')
         .map(str::to_owned)
         .collect();
@@ -242,6 +259,7 @@ pub fn main(args: &mut Args) -> Result<(), String> {
         plan.startup_runs = runs;
         plan.overload_runs = runs;
         plan.outage_runs = runs;
+        plan.keyed_runs = runs;
     }
     if let Some(c) = args.number::<usize>("--concurrency")? {
         plan.loops_concurrency = c;
@@ -291,6 +309,7 @@ pub fn main(args: &mut Args) -> Result<(), String> {
         details: BTreeMap::new(),
         started: Instant::now(),
         points: Vec::new(),
+        keyed_points: Vec::new(),
     };
     bench.note(&format!(
         "machine: {}; open files limit here {:?}",
@@ -299,7 +318,7 @@ pub fn main(args: &mut Args) -> Result<(), String> {
     ));
     for figure in [
         "startup", "cpu", "retry", "saving", "loops", "sweep", "counts", "overload", "outage",
-        "partial",
+        "partial", "keyed",
     ] {
         if !only.iter().any(|o| o == figure) {
             continue;
@@ -315,6 +334,7 @@ pub fn main(args: &mut Args) -> Result<(), String> {
                 "overload" => bench.overload(db),
                 "outage" => bench.outage(db),
                 "partial" => bench.partial(db),
+                "keyed" => bench.keyed(db),
                 _ => bench.sweep(db),
             };
             if let Err(err) = result {
@@ -676,17 +696,21 @@ impl Bench {
     }
 
     /// Warm-up, then the measured load; the CPU `target` spent during the latter.
+    /// `keyed`: every checkout with an `Idempotency-Key` of its own.
     fn measured_load(
         &self,
         target: &Running,
         prefix: &str,
+        keyed: bool,
     ) -> Result<(LoadReport, Duration), String> {
         let plan = &self.plan;
         let mut warm = LoadArgs::new(&target.url, plan.cpu_concurrency, &format!("{prefix}w"));
         warm.duration_ms = Some(plan.cpu_warmup_ms);
+        warm.keyed = keyed;
         child::load(&self.env, "load-warmup", &warm)?;
         let mut load = LoadArgs::new(&target.url, plan.cpu_concurrency, prefix);
         load.duration_ms = Some(plan.cpu_duration_ms);
+        load.keyed = keyed;
         let before = self.cpu_of(target)?;
         let report = child::load(&self.env, "load", &load)?;
         let after = self.cpu_of(target)?;
@@ -843,6 +867,10 @@ impl Bench {
         );
         let md_path = write("results", "md", &md)?;
         let svg_path = write("latency", "svg", &self.plot())?;
+        if !self.keyed_points.is_empty() {
+            let path = write("keyed-in-flight", "svg", &self.keyed_plot())?;
+            eprintln!("checkout-bench: wrote {}", path.display());
+        }
         eprintln!(
             "checkout-bench: {elapsed:.0} s; wrote {}, {}, {}; targets missed: {}",
             json_path.display(),

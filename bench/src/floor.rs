@@ -2,7 +2,8 @@
 //! process. `floor-axum` serves a bare axum handler (driven by the load generator, its
 //! CPU read from /proc like the service's); `floor-reqwest` sends the two
 //! chat-completions bodies of a checkout to the scripted model with a bare reqwest
-//! client; `floor-sql` runs the bare sqlx charge statement. The last two measure their
+//! client; `floor-sql` runs the bare sqlx charge statement (with `--keyed`, also the
+//! Idempotency-Key record's insert and completion). The last two measure their
 //! own CPU and print a JSON [`FloorReport`]. `floor-loop` serves a bare handler that
 //! makes those two POSTs, for figure 2's memory per waiting loop.
 
@@ -356,16 +357,31 @@ const SQLITE_INSERT: &str = "\
     ON CONFLICT (order_id) DO NOTHING \
     RETURNING id, order_id, amount_minor, currency, operation_key, created_at";
 
-/// `floor-sql --database URL --prefix P`: the bare charge statement, a fresh order each
-/// time, one statement and one commit, on a database opened by the service's own code
-/// (`--pool N`: the Postgres pool size, as `CHECKOUT_DB_MAX_CONNECTIONS`). On SQLite the
-/// service does better than this, grouping the charges that arrive together into one
-/// commit (src/payments/store/group.rs).
+/// A keyed checkout's record, as the service inserts it (src/idempotency/records.rs): one
+/// text for both databases, timed by their `clock` view.
+const RECORD_INSERT: &str = "\
+    INSERT INTO idempotency_keys (scope, key, fingerprint, fence, lease_until, created_at, expires_at, request) \
+    SELECT $1, $2, $3, 1, now_ms + $4, now_ms, now_ms + $5, $6 FROM clock WHERE true \
+    ON CONFLICT (scope, key) DO NOTHING RETURNING fence";
+
+/// Its completion: the answer saved under the fence the insert gave.
+const RECORD_COMPLETE: &str = "\
+    UPDATE idempotency_keys SET status = $4, content_type = $5, body = $6, lease_until = NULL \
+    WHERE scope = $1 AND key = $2 AND fence = $3 AND status IS NULL";
+
+/// `floor-sql --database URL --prefix P [--keyed]`: the bare charge statement, a fresh
+/// order each time, one statement and one commit, on a database opened by the service's
+/// own code (`--pool N`: the Postgres pool size, as `CHECKOUT_DB_MAX_CONNECTIONS`). On
+/// SQLite the service does better than this, grouping the charges that arrive together
+/// into one commit (src/payments/store/group.rs). With `--keyed`, what a checkout with
+/// an `Idempotency-Key` cannot do without besides: its record inserted before the charge
+/// and completed with the answer after it, each a statement and a commit of its own.
 pub fn sql_main(args: &mut Args) -> Result<(), String> {
     let url = args
         .value("--database")?
         .ok_or("floor-sql: --database is required")?;
     let prefix = args.value("--prefix")?.unwrap_or_else(|| "floor".into());
+    let keyed = args.flag("--keyed");
     let pool_size: Option<u32> = args.number("--pool")?;
     let span = Span::parse(args)?;
     args.done()?;
@@ -382,6 +398,9 @@ pub fn sql_main(args: &mut Args) -> Result<(), String> {
             let db = db.clone();
             let order = format!("{prefix}-{worker}-{n}");
             async move {
+                if keyed {
+                    record(&db, &order, None).await?;
+                }
                 let mut conn = db.acquire().await.map_err(|e| e.to_string())?;
                 let (id, operation, at) = (
                     uuid::Uuid::now_v7(),
@@ -410,10 +429,70 @@ pub fn sql_main(args: &mut Args) -> Result<(), String> {
                         .await
                         .map(drop),
                 }
-                .map_err(|e| e.to_string())
+                .map_err(|e| e.to_string())?;
+                drop(conn);
+                if keyed {
+                    record(&db, &order, Some(CHECKOUT_ANSWER)).await?;
+                }
+                Ok(())
             }
         })
         .await
     })?;
     print(&report)
+}
+
+/// The keyed floor's record statements: the insert (`answer` `None`), or the completion
+/// with `answer`, each on a connection of its own from the pool, as the service takes one.
+async fn record(db: &Database, key: &str, answer: Option<&str>) -> Result<(), String> {
+    const REQUEST: &str = r#"{"orderId":"c1-0-1","amount":"42.50","currency":"USD"}"#;
+    let fingerprint = format!("POST /checkout orderId={key} amount=4250 currency=USD");
+    let mut conn = db.acquire().await.map_err(|e| e.to_string())?;
+    let done = match (answer, conn.conn()) {
+        (None, Conn::Postgres(c)) => sqlx::query(RECORD_INSERT)
+            .bind("")
+            .bind(key)
+            .bind(fingerprint)
+            .bind(10_000_i64)
+            .bind(86_400_000_i64)
+            .bind(REQUEST)
+            .fetch_optional(c)
+            .await
+            .map(|row| row.is_some()),
+        (None, Conn::Sqlite(c)) => sqlx::query(RECORD_INSERT)
+            .bind("")
+            .bind(key)
+            .bind(fingerprint)
+            .bind(10_000_i64)
+            .bind(86_400_000_i64)
+            .bind(REQUEST)
+            .fetch_optional(c)
+            .await
+            .map(|row| row.is_some()),
+        (Some(body), Conn::Postgres(c)) => sqlx::query(RECORD_COMPLETE)
+            .bind("")
+            .bind(key)
+            .bind(1_i64)
+            .bind(200_i64)
+            .bind("application/json")
+            .bind(body.as_bytes())
+            .execute(c)
+            .await
+            .map(|done| done.rows_affected() == 1),
+        (Some(body), Conn::Sqlite(c)) => sqlx::query(RECORD_COMPLETE)
+            .bind("")
+            .bind(key)
+            .bind(1_i64)
+            .bind(200_i64)
+            .bind("application/json")
+            .bind(body.as_bytes())
+            .execute(c)
+            .await
+            .map(|done| done.rows_affected() == 1),
+    }
+    .map_err(|e| e.to_string())?;
+    if !done {
+        return Err(format!("the record of {key} was not written"));
+    }
+    Ok(())
 }

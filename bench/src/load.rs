@@ -43,6 +43,8 @@ pub struct LoadArgs {
     /// A worker answered 503 or 429 with `Retry-After` waits that long before its next
     /// request (as a well-behaved client does), within the run's duration.
     pub honor_retry_after: bool,
+    /// Each request carries an `Idempotency-Key`: its order id, fresh per request.
+    pub keyed: bool,
 }
 
 impl LoadArgs {
@@ -60,6 +62,7 @@ impl LoadArgs {
             records: None,
             timeout_ms: 120_000,
             honor_retry_after: false,
+            keyed: false,
         }
     }
 
@@ -81,6 +84,7 @@ impl LoadArgs {
         load.records = args.value("--records")?.map(PathBuf::from);
         load.timeout_ms = args.number("--timeout-ms")?.unwrap_or(120_000);
         load.honor_retry_after = args.flag("--honor-retry-after");
+        load.keyed = args.flag("--keyed");
         if load.duration_ms.is_none() == load.requests.is_none() {
             return Err("load: give exactly one of --duration-ms and --requests".into());
         }
@@ -117,6 +121,9 @@ impl LoadArgs {
         }
         if self.honor_retry_after {
             out.push("--honor-retry-after".into());
+        }
+        if self.keyed {
+            out.push("--keyed".into());
         }
         if let Some(path) = &self.records {
             out.extend(["--records".into(), path.display().to_string()]);
@@ -388,7 +395,11 @@ async fn work(
         let in_flight = shared.in_flight.fetch_add(1, Ordering::Relaxed) + 1;
         shared.max_in_flight.fetch_max(in_flight, Ordering::Relaxed);
         let sent = Instant::now();
-        let answer = match client.post(&url).send().await {
+        let mut request = client.post(&url);
+        if load.keyed {
+            request = request.header("idempotency-key", order.as_str());
+        }
+        let answer = match request.send().await {
             Ok(response) => {
                 let status = response.status().as_u16();
                 let retry_after = response

@@ -15,7 +15,7 @@ use std::sync::Arc;
 
 use tokio::sync::{mpsc, oneshot};
 
-use super::{Conn, Database, Pooled, StoreError};
+use super::{Conn, Database, Pooled, StoreError, on_conn};
 
 /// The most rows in one statement (SQLite takes up to 32,766 values; a row has a dozen).
 const MAX_GROUP: usize = 512;
@@ -72,6 +72,7 @@ impl<W: GroupWrite> GroupWriter<W> {
             db: db.clone(),
             table: Arc::new(table),
             kept: None,
+            suspect: false,
         };
         tokio::spawn(write_groups(writer, pending, db.close_event()));
         GroupWriter { queue }
@@ -93,27 +94,50 @@ impl<W: GroupWrite> GroupWriter<W> {
 
 /// The writer's side: a group is one statement on one connection, which it keeps when
 /// the pool has others to spare. Taking one from the pool for every group had the pool
-/// open new ones as load rose, and opening one with TLS takes sqlx about 90 ms here (2–4 ms
-/// without; sqlx 0.9 leaves Nagle on), a stall that every row of the group waited out.
+/// open new ones as load rose, and opening one with TLS took sqlx about 90 ms here (2–4 ms
+/// without; sqlx 0.9.0 left Nagle on, vendor/README.md), a stall that every row of the
+/// group waited out.
 /// SQLite's pool has one connection, which the reads need between groups.
 struct Writer<W> {
     db: Database,
     table: Arc<W>,
     kept: Option<Pooled>,
+    /// The last write failed: the next connection taken is tested first.
+    suspect: bool,
 }
 
 impl<W: GroupWrite> Writer<W> {
     async fn write(&mut self, rows: &[W::Row]) -> Result<Vec<W::Out>, StoreError> {
         let mut conn = match self.kept.take() {
             Some(conn) => conn,
-            None => self.db.acquire().await?,
+            None => self.take().await?,
         };
-        let written = self.table.write(conn.conn(), rows).await?;
         // Kept only after a success: a connection that failed a statement is let go.
+        let written = self.table.write(conn.conn(), rows).await;
+        self.suspect = written.is_err();
+        let written = written?;
         if self.db.max_connections() > 1 {
             self.kept = Some(conn);
         }
         Ok(written)
+    }
+
+    /// A connection from the pool; after a failed write, one that answers a ping. A
+    /// failure that was the database restarting leaves every idle connection of the pool
+    /// dead, and without the ping each would fail a group of its own (as many groups as
+    /// the pool kept connections, where the loop retry has three attempts). The pool
+    /// closes a connection whose ping failed when it is dropped.
+    async fn take(&mut self) -> Result<Pooled, StoreError> {
+        if self.suspect {
+            for _ in 0..self.db.max_connections() {
+                let mut conn = self.db.acquire().await?;
+                let alive = on_conn!(conn.conn(), c => sqlx::Connection::ping(c).await);
+                if alive.is_ok() {
+                    return Ok(conn);
+                }
+            }
+        }
+        self.db.acquire().await
     }
 }
 

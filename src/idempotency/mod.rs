@@ -15,7 +15,9 @@ use std::time::Duration;
 
 pub use records::{Lapsed, Lease, Saved};
 
-use crate::db::{Database, StoreError};
+use records::{Completion, Completions, Inserts, NewRecord};
+
+use crate::db::{Database, GroupWriter, StoreError};
 use crate::journal;
 use crate::outbox::{self, Recipient};
 use crate::payments::Order;
@@ -89,15 +91,25 @@ pub enum Begin {
     Mismatch,
 }
 
-/// The records of the service's database. Each call takes a connection for its statements.
+/// The records of the service's database. A new key's insert and a saved answer, which
+/// every keyed checkout makes, go with the next group of their kind (one statement and
+/// one commit for all that arrive together, `db::GroupWriter`); every other call takes a
+/// connection for its statements.
 #[derive(Clone, Debug)]
 pub struct Records {
     db: Database,
+    inserts: GroupWriter<Inserts>,
+    completions: GroupWriter<Completions>,
 }
 
 impl Records {
+    /// Starts the two group writers' tasks: call within the runtime.
     pub fn new(db: &Database) -> Records {
-        Records { db: db.clone() }
+        Records {
+            db: db.clone(),
+            inserts: GroupWriter::start(db, Inserts),
+            completions: GroupWriter::start(db, Completions),
+        }
     }
 
     /// Extends the lease; false when it is no longer ours.
@@ -107,7 +119,12 @@ impl Records {
 
     /// Saves the answer; false when the lease is no longer ours (nothing is written).
     pub async fn complete(&self, lease: &Lease, saved: &Saved) -> Result<bool, StoreError> {
-        records::complete(self.db.acquire().await?.conn(), lease, saved).await
+        self.completions
+            .write(Completion {
+                lease: lease.clone(),
+                saved: saved.clone(),
+            })
+            .await
     }
 
     /// Ends the lease now without an answer, so the next request runs the operation again.
@@ -156,15 +173,29 @@ pub async fn begin(
     lease: Duration,
     ttl: Duration,
 ) -> Result<Begin, StoreError> {
+    // A new key, the common case, goes in with the next group of new keys.
+    let new = NewRecord {
+        caller: caller.to_owned(),
+        key: key.to_owned(),
+        fingerprint: fingerprint.as_str().to_owned(),
+        request: fingerprint.request(),
+        lease,
+        ttl,
+    };
+    if let Some(fence) = store.inserts.write(new).await? {
+        return Ok(Begin::Owner(lease_of(caller, key, fence)));
+    }
     let mut conn = store.db.acquire().await?;
     // Each turn either decides or loses a race that moved the record on; a handful of
     // turns is more than any real contention needs.
-    for _ in 0..8 {
-        let (fp, request) = (fingerprint.as_str(), fingerprint.request());
-        if let Some(fence) =
-            records::insert(conn.conn(), caller, key, fp, &request, lease, ttl).await?
-        {
-            return Ok(Begin::Owner(lease_of(caller, key, fence)));
+    for turn in 0..8 {
+        if turn > 0 {
+            let (fp, request) = (fingerprint.as_str(), fingerprint.request());
+            if let Some(fence) =
+                records::insert(conn.conn(), caller, key, fp, &request, lease, ttl).await?
+            {
+                return Ok(Begin::Owner(lease_of(caller, key, fence)));
+            }
         }
         let Some(record) = records::read(conn.conn(), caller, key).await? else {
             continue; // swept between our insert and our read

@@ -1,9 +1,13 @@
 //! The `idempotency_keys` table: one row per key, with its lease, fence and saved answer.
 //! Every statement is one text for both databases, timed by their `clock` view.
 
+use std::cmp::Ordering;
+use std::collections::{HashMap, HashSet};
 use std::time::Duration;
 
-use crate::db::{Conn, StoreError, on_conn};
+use sqlx::QueryBuilder;
+
+use crate::db::{Conn, GroupWrite, StoreError, on_conn};
 
 /// The right to work on a key, until the lease lapses or another instance takes it.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -55,10 +59,6 @@ const RENEW: &str = "\
     UPDATE idempotency_keys SET lease_until = (SELECT now_ms FROM clock) + $4 \
     WHERE scope = $1 AND key = $2 AND fence = $3 AND status IS NULL";
 
-const COMPLETE: &str = "\
-    UPDATE idempotency_keys SET status = $4, content_type = $5, body = $6, lease_until = NULL \
-    WHERE scope = $1 AND key = $2 AND fence = $3 AND status IS NULL";
-
 const RELEASE: &str = "\
     UPDATE idempotency_keys SET lease_until = (SELECT now_ms FROM clock) \
     WHERE scope = $1 AND key = $2 AND fence = $3 AND status IS NULL";
@@ -86,6 +86,196 @@ const GIVE_UP: &str = "\
     UPDATE idempotency_keys SET attention_at = (SELECT now_ms FROM clock) \
     WHERE scope = $1 AND key = $2 AND fence = $3 AND status IS NULL AND attention_at IS NULL \
     AND recoveries >= $4 AND lease_until <= (SELECT now_ms FROM clock)";
+
+/// New keys' records, a group at a time (`$1 … $6`: callers, keys, fingerprints, lease and
+/// time-to-live in ms, requests): the keys that went in, with their fence.
+const PG_INSERT_GROUP: &str = "\
+    INSERT INTO idempotency_keys (scope, key, fingerprint, fence, lease_until, created_at, expires_at, request) \
+    SELECT r.scope, r.key, r.fingerprint, 1, clock.now_ms + r.lease_ms, clock.now_ms, clock.now_ms + r.ttl_ms, r.request \
+    FROM UNNEST($1::text[], $2::text[], $3::text[], $4::int8[], $5::int8[], $6::text[]) \
+    AS r(scope, key, fingerprint, lease_ms, ttl_ms, request) CROSS JOIN clock \
+    ON CONFLICT (scope, key) DO NOTHING RETURNING scope, key, fence";
+
+/// SQLite has no arrays: the rows are a `VALUES` list between these two.
+const SQLITE_INSERT_GROUP_HEAD: &str = "\
+    INSERT INTO idempotency_keys (scope, key, fingerprint, fence, lease_until, created_at, expires_at, request) \
+    SELECT r.column1, r.column2, r.column3, 1, clock.now_ms + r.column4, clock.now_ms, clock.now_ms + r.column5, r.column6 \
+    FROM (";
+const SQLITE_INSERT_GROUP_TAIL: &str = ") AS r, clock WHERE true \
+    ON CONFLICT (scope, key) DO NOTHING RETURNING scope, key, fence";
+
+/// Answers saved, a group at a time (`$1 … $6`: callers, keys, fences, statuses, content
+/// types, bodies), each only under the fence its run holds: the keys saved.
+const PG_COMPLETE_GROUP: &str = "\
+    UPDATE idempotency_keys SET status = c.status, content_type = c.content_type, body = c.body, lease_until = NULL \
+    FROM UNNEST($1::text[], $2::text[], $3::int8[], $4::int8[], $5::text[], $6::bytea[]) \
+    AS c(scope, key, fence, status, content_type, body) \
+    WHERE idempotency_keys.scope = c.scope AND idempotency_keys.key = c.key \
+    AND idempotency_keys.fence = c.fence AND idempotency_keys.status IS NULL \
+    RETURNING idempotency_keys.scope, idempotency_keys.key, idempotency_keys.fence";
+
+const SQLITE_COMPLETE_GROUP_HEAD: &str = "\
+    UPDATE idempotency_keys SET status = c.column4, content_type = c.column5, body = c.column6, lease_until = NULL \
+    FROM (";
+const SQLITE_COMPLETE_GROUP_TAIL: &str = ") AS c \
+    WHERE idempotency_keys.scope = c.column1 AND idempotency_keys.key = c.column2 \
+    AND idempotency_keys.fence = c.column3 AND idempotency_keys.status IS NULL \
+    RETURNING scope, key, fence";
+
+/// A new key's record, about to be inserted with the next group.
+#[derive(Debug)]
+pub struct NewRecord {
+    pub caller: String,
+    pub key: String,
+    pub fingerprint: String,
+    /// What the recovery sweep rebuilds the operation from.
+    pub request: String,
+    pub lease: Duration,
+    pub ttl: Duration,
+}
+
+/// An answer to save under a lease, with the next group.
+#[derive(Debug)]
+pub struct Completion {
+    pub lease: Lease,
+    pub saved: Saved,
+}
+
+/// The group writer of new keys' records: every checkout with a new key inserts one, so
+/// those that arrive together share a statement and a commit (on SQLite, where each
+/// commit waits for the disk and one connection serves all, one after the other).
+pub struct Inserts;
+
+impl GroupWrite for Inserts {
+    type Row = NewRecord;
+    /// The fence when this row's record went in; `None` when the key had one already.
+    type Out = Option<i64>;
+
+    fn order(a: &NewRecord, b: &NewRecord) -> Ordering {
+        (&a.caller, &a.key).cmp(&(&b.caller, &b.key))
+    }
+
+    async fn write(
+        &self,
+        conn: Conn<'_>,
+        rows: &[NewRecord],
+    ) -> Result<Vec<Option<i64>>, StoreError> {
+        let made: Vec<(String, String, i64)> = match conn {
+            Conn::Postgres(c) => {
+                sqlx::query_as(PG_INSERT_GROUP)
+                    .bind(rows.iter().map(|r| r.caller.as_str()).collect::<Vec<_>>())
+                    .bind(rows.iter().map(|r| r.key.as_str()).collect::<Vec<_>>())
+                    .bind(
+                        rows.iter()
+                            .map(|r| r.fingerprint.as_str())
+                            .collect::<Vec<_>>(),
+                    )
+                    .bind(rows.iter().map(|r| millis(r.lease)).collect::<Vec<_>>())
+                    .bind(rows.iter().map(|r| millis(r.ttl)).collect::<Vec<_>>())
+                    .bind(rows.iter().map(|r| r.request.as_str()).collect::<Vec<_>>())
+                    .fetch_all(c)
+                    .await?
+            }
+            Conn::Sqlite(c) => {
+                let mut statement = QueryBuilder::new(SQLITE_INSERT_GROUP_HEAD);
+                statement.push_values(rows, |mut values, r| {
+                    values
+                        .push_bind(r.caller.clone())
+                        .push_bind(r.key.clone())
+                        .push_bind(r.fingerprint.clone())
+                        .push_bind(millis(r.lease))
+                        .push_bind(millis(r.ttl))
+                        .push_bind(r.request.clone());
+                });
+                statement.push(SQLITE_INSERT_GROUP_TAIL);
+                statement.build_query_as().fetch_all(c).await?
+            }
+        };
+        // Two requests with one key in one group: the record is the first's; the other
+        // finds it, as it would have a moment later.
+        let mut made: HashMap<(String, String), i64> = made
+            .into_iter()
+            .map(|(caller, key, fence)| ((caller, key), fence))
+            .collect();
+        Ok(rows
+            .iter()
+            .map(|r| made.remove(&(r.caller.clone(), r.key.clone())))
+            .collect())
+    }
+}
+
+/// The group writer of saved answers: every keyed checkout saves one as it ends.
+pub struct Completions;
+
+impl GroupWrite for Completions {
+    type Row = Completion;
+    /// Whether the answer was saved (false: the lease is no longer this run's).
+    type Out = bool;
+
+    fn order(a: &Completion, b: &Completion) -> Ordering {
+        (&a.lease.caller, &a.lease.key).cmp(&(&b.lease.caller, &b.lease.key))
+    }
+
+    async fn write(&self, conn: Conn<'_>, rows: &[Completion]) -> Result<Vec<bool>, StoreError> {
+        let saved: Vec<(String, String, i64)> = match conn {
+            Conn::Postgres(c) => {
+                sqlx::query_as(PG_COMPLETE_GROUP)
+                    .bind(
+                        rows.iter()
+                            .map(|r| r.lease.caller.as_str())
+                            .collect::<Vec<_>>(),
+                    )
+                    .bind(
+                        rows.iter()
+                            .map(|r| r.lease.key.as_str())
+                            .collect::<Vec<_>>(),
+                    )
+                    .bind(rows.iter().map(|r| r.lease.fence).collect::<Vec<_>>())
+                    .bind(
+                        rows.iter()
+                            .map(|r| i64::from(r.saved.status))
+                            .collect::<Vec<_>>(),
+                    )
+                    .bind(
+                        rows.iter()
+                            .map(|r| r.saved.content_type.as_str())
+                            .collect::<Vec<_>>(),
+                    )
+                    .bind(
+                        rows.iter()
+                            .map(|r| r.saved.body.as_slice())
+                            .collect::<Vec<_>>(),
+                    )
+                    .fetch_all(c)
+                    .await?
+            }
+            Conn::Sqlite(c) => {
+                let mut statement = QueryBuilder::new(SQLITE_COMPLETE_GROUP_HEAD);
+                statement.push_values(rows, |mut values, r| {
+                    values
+                        .push_bind(r.lease.caller.clone())
+                        .push_bind(r.lease.key.clone())
+                        .push_bind(r.lease.fence)
+                        .push_bind(i64::from(r.saved.status))
+                        .push_bind(r.saved.content_type.clone())
+                        .push_bind(r.saved.body.clone());
+                });
+                statement.push(SQLITE_COMPLETE_GROUP_TAIL);
+                statement.build_query_as().fetch_all(c).await?
+            }
+        };
+        // Named by fence too: a zombie's row beside its successor's in one group is not
+        // told that the successor's save was its own.
+        let saved: HashSet<(String, String, i64)> = saved.into_iter().collect();
+        Ok(rows
+            .iter()
+            .map(|r| {
+                let lease = &r.lease;
+                saved.contains(&(lease.caller.clone(), lease.key.clone(), lease.fence))
+            })
+            .collect())
+    }
+}
 
 /// An unfinished operation whose lease lapsed.
 #[derive(Debug, sqlx::FromRow)]
@@ -218,21 +408,6 @@ pub async fn renew(conn: Conn<'_>, lease: &Lease, lease_for: Duration) -> Result
         .bind(&lease.key)
         .bind(lease.fence)
         .bind(millis(lease_for))
-        .execute(c)
-        .await?
-        .rows_affected());
-    Ok(done == 1)
-}
-
-/// Saves the answer; false when the lease is no longer ours (nothing is written).
-pub async fn complete(conn: Conn<'_>, lease: &Lease, saved: &Saved) -> Result<bool, StoreError> {
-    let done = on_conn!(conn, c => sqlx::query(COMPLETE)
-        .bind(&lease.caller)
-        .bind(&lease.key)
-        .bind(lease.fence)
-        .bind(i64::from(saved.status))
-        .bind(&saved.content_type)
-        .bind(&saved.body)
         .execute(c)
         .await?
         .rows_affected());

@@ -295,3 +295,78 @@ async fn a_sqlite_file_serves_one_process_only() {
         "{err}"
     );
 }
+
+/// The service's connections to Postgres write without Nagle's delay (issue 34). A
+/// statement over 16 KiB leaves rustls in two writes; with Nagle on, the second waits for
+/// the first's ACK, which Postgres, waiting for the rest, sends only on its 40 ms
+/// delayed-ACK timer. sqlx 0.9.0 leaves Nagle on; vendor/sqlx-core carries upstream's fix
+/// until a release does. The speed itself is the benchmark's (figure 10), never a timed
+/// test.
+#[cfg(target_os = "linux")]
+#[tokio::test]
+async fn postgres_connections_are_opened_without_nagle() {
+    let db = TestDb::new(Backend::Postgres).await;
+    let opened = open(&db).await;
+    let mut conn = opened.acquire().await.expect("a connection");
+    // The connection's own port, as Postgres sees it: the socket to look at.
+    let port: i32 = match conn.conn() {
+        checkout::db::Conn::Postgres(c) => sqlx::query_scalar("SELECT inet_client_port()")
+            .fetch_one(c)
+            .await
+            .expect("the client port"),
+        checkout::db::Conn::Sqlite(_) => unreachable!("a Postgres test database"),
+    };
+    let mut found = None;
+    for entry in std::fs::read_dir("/proc/self/fd").expect("/proc/self/fd") {
+        let Some(fd) = entry
+            .ok()
+            .and_then(|e| e.file_name().to_str()?.parse::<libc::c_int>().ok())
+        else {
+            continue;
+        };
+        let mut local: libc::sockaddr_storage = unsafe { std::mem::zeroed() };
+        let mut len = std::mem::size_of_val(&local) as libc::socklen_t;
+        // SAFETY: `local` is writable for `len` bytes; a descriptor closed meanwhile fails.
+        if unsafe { libc::getsockname(fd, (&raw mut local).cast(), &mut len) } != 0 {
+            continue;
+        }
+        let local_port = match libc::c_int::from(local.ss_family) {
+            libc::AF_INET => {
+                // SAFETY: the family says the storage holds a sockaddr_in.
+                let v4 = unsafe { &*(&raw const local).cast::<libc::sockaddr_in>() };
+                u16::from_be(v4.sin_port)
+            }
+            libc::AF_INET6 => {
+                // SAFETY: the family says the storage holds a sockaddr_in6.
+                let v6 = unsafe { &*(&raw const local).cast::<libc::sockaddr_in6>() };
+                u16::from_be(v6.sin6_port)
+            }
+            _ => continue,
+        };
+        if i32::from(local_port) != port {
+            continue;
+        }
+        let mut nodelay: libc::c_int = 0;
+        let mut size = std::mem::size_of::<libc::c_int>() as libc::socklen_t;
+        // SAFETY: `nodelay` is writable for `size` bytes.
+        let read = unsafe {
+            libc::getsockopt(
+                fd,
+                libc::IPPROTO_TCP,
+                libc::TCP_NODELAY,
+                (&raw mut nodelay).cast(),
+                &mut size,
+            )
+        };
+        if read == 0 {
+            found = Some((fd, nodelay));
+        }
+    }
+    let (fd, nodelay) = found.unwrap_or_else(|| panic!("no socket of local port {port}"));
+    assert_eq!(
+        nodelay, 1,
+        "descriptor {fd}, the pool's connection to Postgres, has Nagle on"
+    );
+    drop(conn);
+    opened.close().await;
+}

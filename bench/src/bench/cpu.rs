@@ -1,4 +1,5 @@
-//! Figure 1: CPU per checkout against its floor.
+//! Figure 1: CPU per checkout against its floor, keyless and keyed (an `Idempotency-Key`
+//! on every checkout, against a floor with the bare SQL a keyed checkout needs).
 
 use super::*;
 
@@ -9,6 +10,8 @@ impl Bench {
         let (mut service, mut axum, mut pair, mut sql, mut floor, mut ratio, mut rate) =
             (vec![], vec![], vec![], vec![], vec![], vec![], vec![]);
         let (mut hyper_pair, mut hyper_ratio) = (vec![], vec![]);
+        let (mut keyed, mut keyed_sql, mut keyed_floor, mut keyed_ratio, mut keyed_rate) =
+            (vec![], vec![], vec![], vec![], vec![]);
         let mut runs = Vec::new();
         for run in 1..=plan.cpu_runs {
             let model = child::model(&self.env, "model-instant", 0, "")?;
@@ -19,10 +22,13 @@ impl Bench {
                 &model.url,
                 &self.plan.service_env,
             )?;
-            let (svc_load, svc_cpu) = self.measured_load(&svc, &format!("c{run}"))?;
+            let (svc_load, svc_cpu) = self.measured_load(&svc, &format!("c{run}"), false)?;
+            // The same process, then keyed: a fresh key (the order id) per checkout.
+            let (keyed_load, keyed_cpu) = self.measured_load(&svc, &format!("k{run}"), true)?;
             svc.stop();
             let floor_axum = child::floor_axum(&self.env)?;
-            let (axum_load, axum_cpu) = self.measured_load(&floor_axum, &format!("a{run}"))?;
+            let (axum_load, axum_cpu) =
+                self.measured_load(&floor_axum, &format!("a{run}"), false)?;
             floor_axum.stop();
             let span = |extra: &[&str]| {
                 let mut a: Vec<String> = extra.iter().map(|s| s.to_string()).collect();
@@ -59,7 +65,23 @@ impl Bench {
                     &format!("f{run}"),
                 ]),
             )?;
+            // A keyed checkout's bare SQL: the record's insert, the receipt, the record's
+            // completion with the answer, each a statement and a commit of its own.
+            let keyed_statements: FloorReport = child::run_json(
+                &self.env,
+                "floor-sql-keyed",
+                &span(&[
+                    "floor-sql",
+                    "--keyed",
+                    "--database",
+                    &db.floor_url,
+                    "--prefix",
+                    &format!("fk{run}"),
+                ]),
+            )?;
             let s = ms(svc_cpu) * 1000.0 / svc_load.ok as f64;
+            let k = ms(keyed_cpu) * 1000.0 / keyed_load.ok as f64;
+            let kq = keyed_statements.cpu_per_op_us();
             let a = ms(axum_cpu) * 1000.0 / axum_load.ok as f64;
             let p = reqwest.cpu_per_op_us();
             let q = statement.cpu_per_op_us();
@@ -75,6 +97,21 @@ impl Bench {
                 s / (a + p + q),
                 s / (a + h + q)
             ));
+            self.note(&format!(
+                "cpu {} run {run}: keyed service {k:.1} us/checkout ({} checkouts, {:.0}/s, p50 {:.2} ms, p99 {:.2} ms); keyed floor: axum {a:.1} + 2 POSTs {p:.1} + sql {kq:.1} = {:.1} us; ratio {:.2}",
+                db.name,
+                keyed_load.ok,
+                keyed_load.ok as f64 / keyed_load.wall_ms * 1000.0,
+                keyed_load.latency.p50,
+                keyed_load.latency.p99,
+                a + p + kq,
+                k / (a + p + kq),
+            ));
+            keyed.push(k);
+            keyed_sql.push(kq);
+            keyed_floor.push(a + p + kq);
+            keyed_ratio.push(k / (a + p + kq));
+            keyed_rate.push(keyed_load.ok as f64 / keyed_load.wall_ms * 1000.0);
             service.push(s);
             axum.push(a);
             pair.push(p);
@@ -90,6 +127,8 @@ impl Bench {
                 "reqwest_pairs": reqwest,
                 "hyper_pairs": hyper,
                 "sql_statements": statement,
+                "keyed": {"load": keyed_load, "cpu_ms": ms(keyed_cpu)},
+                "keyed_sql_statements": keyed_statements,
             }));
         }
         let d = db.name;
@@ -108,6 +147,24 @@ impl Bench {
                 d,
                 "x",
                 hyper_ratio,
+            ),
+            Metric::new(1, "CPU per keyed checkout, service", d, "us", keyed),
+            Metric::new(
+                1,
+                "keyed floor: bare sqlx record insert + receipt + completion",
+                d,
+                "us",
+                keyed_sql,
+            ),
+            Metric::new(1, "keyed floor, total", d, "us", keyed_floor),
+            Metric::new(1, "keyed ratio service / floor", d, "x", keyed_ratio)
+                .target(Target::AtMost(1.3)),
+            Metric::new(
+                1,
+                "keyed checkouts/s at 64 (instant model)",
+                d,
+                "1/s",
+                keyed_rate,
             ),
         ]);
         self.details.insert(format!("cpu/{d}"), json!(runs));
