@@ -256,7 +256,7 @@ impl Default for Settings {
                 backoff_min: Duration::from_millis(200),
                 backoff_max: Duration::from_millis(2_000),
                 retry_after_max: Duration::from_millis(5_000),
-                budget_percent: 20,
+                budget_percent: 50,
                 budget_min_per_sec: 10,
             },
             assistant: AssistantSettings {
