@@ -134,7 +134,7 @@ mod tests {
         );
         assert_eq!(endpoints[2].api_key.as_ref().unwrap().expose(), "sk-c");
         assert_eq!(s.model.breaker.window, 10);
-        assert_eq!(s.model.breaker.failure_percent, 90);
+        assert_eq!(s.model.breaker.failure_percent, 100);
         assert_eq!(s.model.breaker.open, Duration::from_millis(250));
     }
 

@@ -245,7 +245,7 @@ impl Default for Settings {
                 file_fallbacks: Vec::new(),
                 breaker: BreakerSettings {
                     window: 20,
-                    failure_percent: 90,
+                    failure_percent: 100,
                     open: Duration::from_millis(5_000),
                 },
                 transport: TransportSettings::default(),
