@@ -113,14 +113,24 @@ impl Transport {
                 Wire::H2c(H2c::new(format!("{}:{port}", authority.host()), settings))
             }
             _ => {
+                // The platform's verifier (every CA root read) only for an https:// endpoint,
+                // once for its clients.
+                let tls = match https {
+                    true => {
+                        // One TLS provider for the process: ring, as sqlx's rustls has it.
+                        let _ = rustls::crypto::ring::default_provider().install_default();
+                        Some(rustls::ClientConfig::with_platform_verifier()?)
+                    }
+                    false => None,
+                };
                 let count = if https { CONNECTIONS } else { 1 };
                 let clients = (0..count)
-                    .map(|_| pooled_client(https, settings, true))
-                    .collect::<Result<_, _>>()?;
+                    .map(|_| pooled_client(tls.clone(), settings, true))
+                    .collect();
                 Wire::Pooled {
                     clients,
                     next: AtomicUsize::new(0),
-                    fresh: pooled_client(https, settings, false)?,
+                    fresh: pooled_client(tls, settings, false),
                 }
             }
         };
@@ -180,28 +190,24 @@ impl Transport {
     }
 }
 
-/// One pooled client: HTTP/1.1 over `http://`; over `https://` what ALPN picks, the
-/// platform's certificate verifier, and keep-alive PINGs on HTTP/2. `pool`: false for the
-/// client whose every request takes a new connection.
-fn pooled_client(https: bool, s: &TransportSettings, pool: bool) -> Result<Http, BoxError> {
+/// One pooled client: HTTP/1.1 over `http://`; over `https://` (`tls`) what ALPN picks and
+/// keep-alive PINGs on HTTP/2. `pool`: false for the client whose every request takes a new
+/// connection.
+fn pooled_client(tls: Option<rustls::ClientConfig>, s: &TransportSettings, pool: bool) -> Http {
     let mut tcp = HttpConnector::new();
     tcp.set_nodelay(true);
     tcp.enforce_http(false);
     tcp.set_connect_timeout(Some(s.connect_timeout));
     let builder = hyper_rustls::HttpsConnectorBuilder::new();
-    let connector = if https {
-        // One TLS provider for the process: ring, which sqlx's rustls already brings.
-        let _ = rustls::crypto::ring::default_provider().install_default();
-        builder
-            .with_tls_config(rustls::ClientConfig::with_platform_verifier()?)
+    let connector = match tls {
+        Some(tls) => builder
+            .with_tls_config(tls)
             .https_only()
             .enable_http1()
             .enable_http2()
-            .wrap_connector(tcp)
-    } else {
-        // No TLS configuration is loaded for a plain `http://` endpoint (the platform's
-        // verifier reads every CA root at start-up).
-        builder
+            .wrap_connector(tcp),
+        // A plain `http://` endpoint: no root is ever asked for.
+        None => builder
             .with_tls_config(
                 rustls::ClientConfig::builder()
                     .with_root_certificates(rustls::RootCertStore::empty())
@@ -209,7 +215,7 @@ fn pooled_client(https: bool, s: &TransportSettings, pool: bool) -> Result<Http,
             )
             .https_or_http()
             .enable_http1()
-            .wrap_connector(tcp)
+            .wrap_connector(tcp),
     };
     let mut http = Client::builder(TokioExecutor::new());
     http.pool_idle_timeout(Duration::from_secs(90))
@@ -222,7 +228,7 @@ fn pooled_client(https: bool, s: &TransportSettings, pool: bool) -> Result<Http,
     if !pool {
         http.pool_max_idle_per_host(0);
     }
-    Ok(http.build(connector))
+    http.build(connector)
 }
 
 /// The request was sent, or was being sent, and the connection ended before any byte of
