@@ -36,6 +36,10 @@ async fn against(
     let hostile = Hostile::start(first, then, &model).await;
     let mut settings = test_settings(&db, &model);
     settings.model.base_url = Some(hostile.base_url());
+    // Long beside a relayed answer even on a loaded machine: these specs count requests
+    // exactly, and a timeout would add one.
+    settings.request.timeout = Duration::from_millis(5_000);
+    settings.assistant.retry.timeout = Duration::from_millis(12_000);
     tune(&mut settings);
     (Harness::serve(db, model, settings).await, hostile)
 }
@@ -146,7 +150,11 @@ both_backends!(
 /// it, and the checkout is 200 with its one receipt and one request more than a healthy
 /// one (the fault's); `error_type` in the metrics names what it was.
 async fn repeated_once(backend: Backend, act: Act, error_type: &str) {
-    let (h, hostile) = against(backend, vec![act], Act::Forward, |_| {}).await;
+    let (h, hostile) = against(backend, vec![act], Act::Forward, |s| {
+        // Long enough for a relayed answer on a loaded machine, short for the drip.
+        s.request.timeout = Duration::from_millis(1_500);
+    })
+    .await;
     let reply = keyed(&h, "H-4").await;
     assert_eq!(reply.status, 200, "{}", reply.text());
     assert_eq!(hostile.requests(), 3, "the fault, its retry, round 2");
@@ -167,7 +175,7 @@ both_backends!(
     |backend| async move { repeated_once(backend, Act::CloseMidBody, "transport").await }
 );
 
-// A body dripping a byte every 50 ms: the request timeout (400 ms here) cuts it.
+// A body dripping a byte every 50 ms: the request timeout (1.5 s here) cuts it.
 both_backends!(
     a_dripping_body_is_cut_by_the_request_timeout,
     |backend| async move { repeated_once(backend, Act::Drip, "timeout").await }
@@ -352,6 +360,9 @@ async fn over_h2c(backend: Backend, fault: H2Fault) -> (Harness, u64, u64) {
     let mut settings = test_settings(&db, &model);
     settings.model.base_url = Some(format!("http://{addr}/v1"));
     settings.model.h2c = true;
+    // Long beside a relayed answer on a loaded machine: the requests are counted exactly.
+    settings.request.timeout = Duration::from_millis(5_000);
+    settings.assistant.retry.timeout = Duration::from_millis(12_000);
     let h = Harness::serve(db, model, settings).await;
     for i in 1..=4 {
         let reply = h.checkout(&format!("H2-{i}"), "10.00").await;
@@ -396,6 +407,35 @@ both_backends!(
             !metrics.contains("checkout_retries_total{layer=\"request\""),
             "{metrics}"
         );
+    }
+);
+
+// A server that takes connections and never answers: the h2c connects time out with
+// their requests, and once it answers again the next checkout is served (seen failing
+// with a connect that did not give its place back when its request gave up: the pool
+// waited on four connects that would never end, and the checkout after was a 504 too).
+both_backends!(
+    connects_abandoned_by_their_requests_give_their_place_back,
+    |backend| async move {
+        let db = TestDb::new(backend).await;
+        let model = scripted("").await;
+        let proxy = Proxy::start(model.addr()).await;
+        let mut settings = test_settings(&db, &model);
+        settings.model.base_url = Some(format!("http://{}/v1", proxy.addr));
+        settings.model.h2c = true;
+        settings.request.timeout = Duration::from_millis(300);
+        // A connect waits for the server's first PING longer than a request may take.
+        settings.model.transport.keep_alive_timeout = Duration::from_millis(5_000);
+        let h = Harness::serve(db, model, settings).await;
+        proxy.blackhole();
+        let reply = h.checkout("HANG-1", "10.00").await;
+        assert!(matches!(reply.status, 502 | 504), "{}", reply.text());
+        assert_eq!(h.model.requests(), 0);
+        proxy.up();
+        let reply = h.checkout("HANG-2", "10.00").await;
+        assert_eq!(reply.status, 200, "{}", reply.text());
+        assert_eq!(h.model.requests(), 2);
+        assert_eq!(h.db.all_receipts().await, 1);
     }
 );
 

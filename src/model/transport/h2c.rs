@@ -51,6 +51,17 @@ struct Connection {
     active: AtomicUsize,
 }
 
+/// A connect under way: when it ends (made, failed, or dropped with the request that
+/// made it) the pool stops counting it, and the requests waiting on it look again.
+struct Connecting<'a>(&'a H2c);
+
+impl Drop for Connecting<'_> {
+    fn drop(&mut self) {
+        self.0.pool.lock().expect("never poisoned").connecting -= 1;
+        self.0.connected.notify_waiters();
+    }
+}
+
 /// A stream taken on a connection; given back when dropped.
 struct Taken(Arc<Connection>);
 
@@ -95,7 +106,7 @@ impl H2c {
         };
         let mut again = true;
         loop {
-            let taken = self.take().await?;
+            let taken = self.take(call).await?;
             match self.exchange(&taken, head(), call).await {
                 Ok((head, incoming)) => {
                     check_head(head.status.as_u16(), &head.headers, limit)?;
@@ -144,10 +155,12 @@ impl H2c {
 
     /// A stream on the least busy way: an open connection with a stream free (in turn),
     /// else a new connection, else (at the bound) the open one with the fewest streams
-    /// taken, where h2 queues it.
-    async fn take(&self) -> Result<Taken, ModelError> {
+    /// taken, where h2 queues it. A connect this request makes is time on the endpoint;
+    /// waiting for another's connect, or for a stream, is time in the service.
+    async fn take(&self, call: &ModelCall) -> Result<Taken, ModelError> {
         loop {
-            // Made under the lock, so that a connect ending after it is not missed.
+            // Made before the pool is looked at, so that a connect ending after the look
+            // is not missed.
             let connected = self.connected.notified();
             let next = {
                 let mut pool = self.pool.lock().expect("never poisoned");
@@ -158,18 +171,15 @@ impl H2c {
                 Next::Go(taken) => return Ok(taken),
                 Next::Wait => connected.await,
                 Next::Connect => {
-                    let made = self.connect().await;
-                    let mut pool = self.pool.lock().expect("never poisoned");
-                    pool.connecting -= 1;
-                    let made = made.map(|c| {
-                        let c = Arc::new(c);
-                        pool.open.push(c.clone());
-                        c
-                    });
-                    drop(pool);
-                    self.connected.notify_waiters();
-                    let connection = made?;
+                    // Counted until it ends, made or not, or its request gives up.
+                    let connecting = Connecting(self);
+                    call.on_wire();
+                    let connection = Arc::new(self.connect().await?);
                     connection.active.fetch_add(1, Ordering::Relaxed);
+                    let mut pool = self.pool.lock().expect("never poisoned");
+                    pool.open.push(connection.clone());
+                    drop(pool);
+                    drop(connecting);
                     return Ok(Taken(connection));
                 }
             }

@@ -387,29 +387,43 @@ pub async fn h2c_faulty(
                 let Ok(mut connection) = h2::server::handshake(stream).await else {
                     return;
                 };
-                while let Some(Ok((request, mut respond))) = connection.accept().await {
-                    let number = counted.fetch_add(1, Ordering::SeqCst);
-                    if number == 0 && fault == H2Fault::ResetFirst {
-                        respond.send_reset(h2::Reason::INTERNAL_ERROR);
-                        continue;
-                    }
-                    let mut incoming = request.into_body();
-                    let mut body = Vec::new();
-                    while let Some(Ok(chunk)) = incoming.data().await {
-                        let _ = incoming.flow_control().release_capacity(chunk.len());
-                        body.extend_from_slice(&chunk);
-                    }
-                    let (status, answer) = forward(&plan, body).await;
-                    let head = hyper::Response::builder()
-                        .status(status)
-                        .header("content-type", "application/json")
-                        .body(())
-                        .unwrap();
-                    if let Ok(mut send) = respond.send_response(head, false) {
-                        let _ = send.send_data(answer, true);
-                    }
-                    if number == 0 && fault == H2Fault::GoAwayAfterFirst {
-                        connection.graceful_shutdown();
+                // Each stream in a task of its own, so that the connection is polled (its
+                // frames read) while a stream waits for its body or its relayed answer.
+                let (answered, mut first_answered) = tokio::sync::mpsc::unbounded_channel();
+                loop {
+                    tokio::select! {
+                        next = connection.accept() => {
+                            let Some(Ok((request, mut respond))) = next else { return };
+                            let number = counted.fetch_add(1, Ordering::SeqCst);
+                            if number == 0 && fault == H2Fault::ResetFirst {
+                                respond.send_reset(h2::Reason::INTERNAL_ERROR);
+                                continue;
+                            }
+                            let (plan, answered) = (plan.clone(), answered.clone());
+                            tokio::spawn(async move {
+                                let mut incoming = request.into_body();
+                                let mut body = Vec::new();
+                                while let Some(Ok(chunk)) = incoming.data().await {
+                                    let _ = incoming.flow_control().release_capacity(chunk.len());
+                                    body.extend_from_slice(&chunk);
+                                }
+                                let (status, answer) = forward(&plan, body).await;
+                                let head = hyper::Response::builder()
+                                    .status(status)
+                                    .header("content-type", "application/json")
+                                    .body(())
+                                    .unwrap();
+                                if let Ok(mut send) = respond.send_response(head, false) {
+                                    let _ = send.send_data(answer, true);
+                                }
+                                let _ = answered.send(number);
+                            });
+                        }
+                        Some(number) = first_answered.recv() => {
+                            if number == 0 && fault == H2Fault::GoAwayAfterFirst {
+                                connection.graceful_shutdown();
+                            }
+                        }
                     }
                 }
             });

@@ -16,6 +16,8 @@ const PASS: u8 = 0;
 const SWALLOW_REPLIES: u8 = 1;
 /// Refuse new connections (accept and close at once).
 const DOWN: u8 = 2;
+/// Take new connections and never answer on them (hold them open, relay nothing).
+const BLACKHOLE: u8 = 3;
 
 pub struct Proxy {
     pub addr: SocketAddr,
@@ -43,9 +45,20 @@ impl Proxy {
             let (mode, cut, frozen) = (mode.clone(), cut.clone(), frozen.clone());
             tokio::spawn(async move {
                 while let Ok((client, _)) = listener.accept().await {
-                    if mode.load(Ordering::SeqCst) == DOWN {
-                        drop(client);
-                        continue;
+                    match mode.load(Ordering::SeqCst) {
+                        DOWN => {
+                            drop(client);
+                            continue;
+                        }
+                        BLACKHOLE => {
+                            let mut cut = cut.subscribe();
+                            tokio::spawn(async move {
+                                let _held = client;
+                                let _ = cut.changed().await;
+                            });
+                            continue;
+                        }
+                        _ => {}
                     }
                     let Ok(server) = TcpStream::connect(target).await else {
                         continue;
@@ -76,6 +89,12 @@ impl Proxy {
     pub fn down(&self) {
         self.mode.store(DOWN, Ordering::SeqCst);
         self.cut.send_modify(|generation| *generation += 1);
+    }
+
+    /// New connections are taken and never answered (a server that accepts and hangs);
+    /// live ones relay on.
+    pub fn blackhole(&self) {
+        self.mode.store(BLACKHOLE, Ordering::SeqCst);
     }
 
     /// The database is back.
