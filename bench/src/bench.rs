@@ -762,24 +762,7 @@ impl Bench {
                 }
             }
         }
-        for (panel, label, x, y) in points {
-            let series = &mut panels[panel as usize].series;
-            if !series.iter().any(|s| s.label == label) {
-                series.push(svg::Series {
-                    color: if label.starts_with("sqlite") {
-                        "#1f77b4"
-                    } else {
-                        "#d62728"
-                    },
-                    dashed: label.ends_with("p99"),
-                    label: label.clone(),
-                    points: vec![],
-                });
-            }
-            if let Some(s) = series.iter_mut().find(|s| s.label == label) {
-                s.points.push((x, y));
-            }
-        }
+        plot_points(&mut panels, points);
         let caption = format!(
             "checkout-bench{}: {} (service, scripted model, load generator on loopback)",
             if self.plan.quick { " --quick" } else { "" },
@@ -883,5 +866,30 @@ impl Bench {
             }
         );
         Ok(())
+    }
+}
+
+/// Puts plot points (panel, series label, x, y) into their panels' series, a series per
+/// label: SQLite's blue, Postgres's red, p99 dashed.
+fn plot_points(panels: &mut [svg::Panel], points: Vec<(u8, String, f64, f64)>) {
+    for (panel, label, x, y) in points {
+        let series = &mut panels[panel as usize].series;
+        let at = match series.iter().position(|s| s.label == label) {
+            Some(at) => at,
+            None => {
+                series.push(svg::Series {
+                    color: if label.starts_with("sqlite") {
+                        "#1f77b4"
+                    } else {
+                        "#d62728"
+                    },
+                    dashed: label.ends_with("p99"),
+                    label,
+                    points: vec![],
+                });
+                series.len() - 1
+            }
+        };
+        series[at].points.push((x, y));
     }
 }

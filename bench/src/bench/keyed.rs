@@ -179,24 +179,7 @@ impl Bench {
                 limit: None,
             },
         ];
-        for (panel, label, x, y) in &self.keyed_points {
-            let series = &mut panels[*panel as usize].series;
-            if !series.iter().any(|s| &s.label == label) {
-                series.push(svg::Series {
-                    color: if label.starts_with("sqlite") {
-                        "#1f77b4"
-                    } else {
-                        "#d62728"
-                    },
-                    dashed: label.ends_with("p99"),
-                    label: label.clone(),
-                    points: vec![],
-                });
-            }
-            if let Some(s) = series.iter_mut().find(|s| &s.label == label) {
-                s.points.push((*x, *y));
-            }
-        }
+        plot_points(&mut panels, self.keyed_points.clone());
         let caption = format!(
             "checkout-bench{} --only keyed: {} (a fresh Idempotency-Key per checkout)",
             if self.plan.quick { " --quick" } else { "" },
