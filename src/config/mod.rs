@@ -25,6 +25,7 @@ use crate::db::PoolSettings;
 use crate::model::scripted::FaultRule;
 use crate::model::{BreakerSettings, ModelEndpoint, RequestRetrySettings, TransportSettings};
 use crate::outbox::MailSettings;
+use crate::payments::PerCurrency;
 use crate::payments::stripe::StripeSettings;
 use crate::secret::Secret;
 use crate::telemetry::LogFormat;
@@ -84,6 +85,12 @@ pub struct PaymentSettings {
     pub max_retries: u32,
     pub backoff_min: Duration,
     pub backoff_max: Duration,
+    /// Charges above these amounts wait for a person's approval (`CHECKOUT_APPROVAL_ABOVE`).
+    pub approval_above: PerCurrency,
+    /// How long an approval waits for a decision (`CHECKOUT_APPROVAL_TTL_SECS`).
+    pub approval_ttl: Duration,
+    /// What one caller may be charged for per UTC day (`CHECKOUT_BUDGET_PER_DAY`).
+    pub budget_per_day: PerCurrency,
 }
 
 /// Who moves the money.
@@ -226,6 +233,9 @@ impl Default for Settings {
                 max_retries: 2,
                 backoff_min: Duration::from_millis(200),
                 backoff_max: Duration::from_millis(2_000),
+                approval_above: PerCurrency::default(),
+                approval_ttl: Duration::from_secs(86_400),
+                budget_per_day: PerCurrency::default(),
             },
             database: DatabaseSettings {
                 url: "sqlite://checkout.db".into(),

@@ -8,6 +8,7 @@ use super::{PaymentProvider, Settings};
 use crate::caller::AuthMode;
 use crate::model::scripted::FaultRule;
 use crate::outbox::MailSettings;
+use crate::payments::PerCurrency;
 use crate::secret::Secret;
 use crate::telemetry::LogFormat;
 
@@ -30,6 +31,9 @@ pub const SETTINGS: &[(&str, &str, Setter)] = &[
     ("provider_max_retries", "CHECKOUT_PROVIDER_MAX_RETRIES", |s, v| put(&mut s.payments.max_retries, number(v, 0, 10))),
     ("provider_backoff_ms", "CHECKOUT_PROVIDER_BACKOFF_MS", |s, v| put(&mut s.payments.backoff_min, millis(v, 1))),
     ("provider_backoff_max_ms", "CHECKOUT_PROVIDER_BACKOFF_MAX_MS", |s, v| put(&mut s.payments.backoff_max, millis(v, 1))),
+    ("approval_above", "CHECKOUT_APPROVAL_ABOVE", |s, v| put(&mut s.payments.approval_above, PerCurrency::parse(v))),
+    ("approval_ttl_secs", "CHECKOUT_APPROVAL_TTL_SECS", |s, v| put(&mut s.payments.approval_ttl, number(v, 1, 365 * 24 * 3600).map(Duration::from_secs))),
+    ("budget_per_day", "CHECKOUT_BUDGET_PER_DAY", |s, v| put(&mut s.payments.budget_per_day, PerCurrency::parse(v))),
     ("database_url", "DATABASE_URL", |s, v| put(&mut s.database.url, database_url(v))),
     ("db_max_connections", "CHECKOUT_DB_MAX_CONNECTIONS", |s, v| put(&mut s.database.pool.max_connections, number(v, 1, 1000))),
     ("db_acquire_timeout_ms", "CHECKOUT_DB_ACQUIRE_TIMEOUT_MS", |s, v| put(&mut s.database.pool.acquire_timeout, millis(v, 1))),

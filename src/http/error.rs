@@ -37,6 +37,16 @@ pub enum Code {
     JournalMismatch,
     NotFound,
     MethodNotAllowed,
+    /// The API key lacks the scope the operation needs.
+    Forbidden,
+    /// The caller's budget for the day would be passed.
+    BudgetExceeded,
+    /// A person denied the checkout's approval.
+    ApprovalDenied,
+    /// The approval was decided the other way already.
+    ApprovalDecided,
+    /// The approval expired undecided.
+    ApprovalExpired,
 }
 
 impl Code {
@@ -60,6 +70,11 @@ impl Code {
             Code::JournalMismatch => "journal_mismatch",
             Code::NotFound => "not_found",
             Code::MethodNotAllowed => "method_not_allowed",
+            Code::Forbidden => "forbidden",
+            Code::BudgetExceeded => "budget_exceeded",
+            Code::ApprovalDenied => "approval_denied",
+            Code::ApprovalDecided => "approval_decided",
+            Code::ApprovalExpired => "approval_expired",
         }
     }
 
@@ -73,6 +88,9 @@ impl Code {
                 | Code::ModelDidNotCharge
                 | Code::PaymentDeclined
                 | Code::PaymentRequiresAction
+                | Code::BudgetExceeded
+                | Code::ApprovalDenied
+                | Code::ApprovalExpired
         )
     }
 
@@ -95,6 +113,9 @@ impl Code {
             Code::JournalMismatch => StatusCode::INTERNAL_SERVER_ERROR,
             Code::NotFound => StatusCode::NOT_FOUND,
             Code::MethodNotAllowed => StatusCode::METHOD_NOT_ALLOWED,
+            Code::Forbidden | Code::BudgetExceeded | Code::ApprovalDenied => StatusCode::FORBIDDEN,
+            Code::ApprovalDecided => StatusCode::CONFLICT,
+            Code::ApprovalExpired => StatusCode::GONE,
         }
     }
 
@@ -118,6 +139,11 @@ impl Code {
             Code::JournalMismatch => "The operation's journal does not match its replay",
             Code::NotFound => "Not found",
             Code::MethodNotAllowed => "Method not allowed",
+            Code::Forbidden => "The API key does not carry the scope this operation needs",
+            Code::BudgetExceeded => "The caller's spending budget for the day would be passed",
+            Code::ApprovalDenied => "A person denied the approval",
+            Code::ApprovalDecided => "The approval was already decided the other way",
+            Code::ApprovalExpired => "The approval expired before anyone decided it",
         }
     }
 }
