@@ -38,6 +38,9 @@ struct Inner {
     kept: Mutex<Vec<Entry>>,
     /// The models that answered (replayed answers too), in order of first use.
     models: Mutex<Vec<String>>,
+    /// The charge waits for a person's approval: the order's amount is above the caller's
+    /// threshold, as the handler found when it took the request.
+    needs_approval: bool,
 }
 
 /// What a checkout cost in model requests and tokens, and what its journal saved.
@@ -86,7 +89,21 @@ impl CheckoutContext {
             usage: Mutex::new(Usage::default()),
             kept: Mutex::new(Vec::new()),
             models: Mutex::new(Vec::new()),
+            needs_approval: false,
         }))
+    }
+
+    /// The same checkout, its charge waiting for a person's approval. Set by the handler
+    /// before anything runs, never by the loop.
+    pub fn needing_approval(self) -> Self {
+        let mut inner = Arc::into_inner(self.0).expect("set before the context is shared");
+        inner.needs_approval = true;
+        CheckoutContext(Arc::new(inner))
+    }
+
+    /// Whether the charge waits for a person's approval.
+    pub fn needs_approval(&self) -> bool {
+        self.0.needs_approval
     }
 
     /// Whether this operation made `receipt`: its key, and its caller's (the same
