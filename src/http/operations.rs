@@ -6,13 +6,44 @@ use axum::extract::{Extension, Path, State};
 use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
 use serde::Serialize;
-use utoipa::ToSchema;
+use std::collections::BTreeMap;
+
+use utoipa::openapi::{RefOr, Response as DocResponse};
+use utoipa::{IntoResponses, ToSchema};
 
 use super::answer::HttpAnswer;
-use super::error::{Code, Problem};
+use super::error::{Code, Problem, documented};
 use super::idempotent;
 use super::state::AppState;
-use crate::caller::Caller;
+use crate::caller::{AuthRefusal, Caller};
+
+/// The error answers of `GET /operations/{operationKey}`.
+pub struct OperationErrors;
+
+impl IntoResponses for OperationErrors {
+    fn responses() -> BTreeMap<String, RefOr<DocResponse>> {
+        documented([
+            (
+                "`unauthorized`: no valid API key (see WWW-Authenticate)",
+                vec![Problem::unauthorized(AuthRefusal::Missing)],
+            ),
+            (
+                "`not_found`: no such operation of this caller (or it expired)",
+                vec![Problem::new(Code::NotFound, "there is no operation \"order-A-100\"")],
+            ),
+            (
+                "`unavailable`: the database could not be reached",
+                vec![
+                    Problem::new(
+                        Code::Unavailable,
+                        "cannot read the operation: pool timed out while waiting for an open connection",
+                    )
+                    .retry_after(1),
+                ],
+            ),
+        ])
+    }
+}
 
 /// An operation still running.
 #[derive(Serialize, ToSchema)]
@@ -35,7 +66,7 @@ pub struct RunningResponse {
     responses(
         (status = 200, description = "The operation's saved answer (its status may be any the checkout answers)", body = super::checkout::CheckoutResponse),
         (status = 202, description = "Waiting for an approval, or running", body = super::approvals::PausedResponse),
-        (status = 404, description = "`not_found`: no such operation of this caller (or it expired)", body = super::error::ProblemBody, content_type = "application/problem+json"),
+        OperationErrors,
     )
 )]
 pub async fn get(

@@ -141,7 +141,7 @@ pub(crate) async fn run(
         && let Some(found) = err.kind.approval()
     {
         let found = found.cloned();
-        return Box::pin(approvals::pause(app, &ctx, found, format)).await;
+        return Box::pin(approvals::pause(app, &ctx, found)).await;
     }
     match result.or_else(|err| paid_anyway(&ctx, err)) {
         Ok(outcome) => {
