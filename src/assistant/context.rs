@@ -7,7 +7,10 @@ use std::sync::{Arc, Mutex};
 use crate::journal::{Entry, JournalKey, NewEntry};
 use crate::model::Completion;
 use crate::outbox::Recipient;
-use crate::payments::{Charge, ChargeKey, OperationKey, Order, OrderId, PaymentGateway, Receipt};
+use crate::payments::store::BudgetLeft;
+use crate::payments::{
+    Charge, ChargeKey, Money, OperationKey, Order, OrderId, PaymentGateway, Receipt,
+};
 
 /// Everything one checkout carries through every retried unit: the order the client
 /// authorized and the keys the handler made for it before anything was retried.
@@ -38,6 +41,9 @@ struct Inner {
     kept: Mutex<Vec<Entry>>,
     /// The models that answered (replayed answers too), in order of first use.
     models: Mutex<Vec<String>>,
+    /// The caller's budget for the day in the order's currency (`None`: no budget),
+    /// resolved by the handler from its API key and the settings.
+    budget: Option<Money>,
 }
 
 /// What a checkout cost in model requests and tokens, and what its journal saved.
@@ -58,6 +64,8 @@ struct ChargeState {
     /// A charge statement may have reached the database without its answer reaching us
     /// (a timeout cut it off, the connection broke).
     in_doubt: bool,
+    /// A charge was refused for passing the caller's budget: what was left.
+    over_budget: Option<BudgetLeft>,
 }
 
 impl CheckoutContext {
@@ -86,7 +94,28 @@ impl CheckoutContext {
             usage: Mutex::new(Usage::default()),
             kept: Mutex::new(Vec::new()),
             models: Mutex::new(Vec::new()),
+            budget: None,
         }))
+    }
+
+    /// Within the caller's budget for the day, in the order's currency (`None`: none).
+    /// Called by the handler on the context it just made, before any clone.
+    pub fn with_budget(mut self, budget: Option<Money>) -> Self {
+        Arc::get_mut(&mut self.0)
+            .expect("the budget is set before the context is shared")
+            .budget = budget;
+        self
+    }
+
+    /// Notes that a charge was refused for passing the caller's budget.
+    pub(crate) fn refused_over_budget(&self, left: BudgetLeft) {
+        self.charge_state().over_budget = Some(left);
+    }
+
+    /// What was left of the caller's budget when a charge of this checkout was refused
+    /// for passing it; `None` when none was.
+    pub fn over_budget(&self) -> Option<BudgetLeft> {
+        self.charge_state().over_budget
     }
 
     /// Whether this operation made `receipt`: its key, and its caller's (the same
@@ -175,6 +204,7 @@ impl CheckoutContext {
             &self.0.journal.caller,
         )
         .paid_with(order.payment_method())
+        .within(self.0.budget)
     }
 
     pub fn operation_key(&self) -> &OperationKey {

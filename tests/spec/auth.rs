@@ -445,19 +445,28 @@ async fn security_of(s: &Service) -> Vec<serde_json::Value> {
 
 /// The served document says what the running service does: while it is open, the Bearer
 /// key is optional (`security` lists `{}` beside the key); once a key exists (`auto`) it
-/// is required, and with `required` it always is.
+/// is required, and with `required` it always is. Each operation names the scope it needs:
+/// `checkout` for POST /checkout; `checkout` (its own) or `read` for a receipt.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_document_declares_the_key_optional_only_while_open() {
-    let optional = serde_json::json!([{ "api_key": [] }, {}]);
-    let required = serde_json::json!([{ "api_key": [] }]);
+    let checkout = serde_json::json!({ "api_key": ["checkout"] });
+    let read = serde_json::json!({ "api_key": ["read"] });
+    let optional = vec![
+        serde_json::json!([checkout, {}]),
+        serde_json::json!([checkout, read, {}]),
+    ];
+    let required = vec![
+        serde_json::json!([checkout]),
+        serde_json::json!([checkout, read]),
+    ];
     let s = Service::start(Backend::Sqlite, AuthMode::Auto).await;
-    assert_eq!(security_of(&s).await, vec![optional.clone(); 2]);
+    assert_eq!(security_of(&s).await, optional);
     s.create_key("shop").await;
     until_keys_are_required(&s).await;
-    assert_eq!(security_of(&s).await, vec![required.clone(); 2]);
+    assert_eq!(security_of(&s).await, required);
 
     let off = Service::start(Backend::Sqlite, AuthMode::Off).await;
-    assert_eq!(security_of(&off).await, vec![optional; 2]);
+    assert_eq!(security_of(&off).await, optional);
     let keyed = Service::start(Backend::Sqlite, AuthMode::Required).await;
-    assert_eq!(security_of(&keyed).await, vec![required; 2]);
+    assert_eq!(security_of(&keyed).await, required);
 }

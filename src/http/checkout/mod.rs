@@ -18,9 +18,10 @@ use axum::extract::{Extension, State};
 use axum::response::{IntoResponse, Response};
 
 use crate::assistant::CheckoutContext;
-use crate::caller::Caller;
+use crate::caller::{Caller, Scope};
 use crate::http::admission::Slot;
 use crate::http::answer::HttpAnswer;
+use crate::http::auth::require;
 use crate::http::error::Code;
 use crate::http::extract::{NoBody, Params};
 use crate::http::idempotent::{self, IdempotencyKey};
@@ -34,9 +35,9 @@ use crate::payments::{OperationKey, Order};
     path = "/checkout",
     tag = "checkout",
     summary = "Charge an order through the checkout assistant",
-    description = "Runs the assistant loop: the model calls the `charge` tool, the gateway charges the order once (keyed by the order id), the model confirms. The order is given once, as query parameters; the operation reads no body (a body is refused with 400, or 413 over the body limit). Send `Accept: text/plain` for the confirmation sentence alone.",
+    description = "Runs the assistant loop: the model calls the `charge` tool, the gateway charges the order once (keyed by the order id), the model confirms. The order is given once, as query parameters; the operation reads no body (a body is refused with 400, or 413 over the body limit). Send `Accept: text/plain` for the confirmation sentence alone. Needs the API key scope `checkout`.",
     params(CheckoutQuery, IdempotencyKey),
-    security(("api_key" = [])),
+    security(("api_key" = ["checkout"])),
     responses(
         (status = 200, description = "The order is charged (now, or by an earlier operation)", content(
             (CheckoutResponse = "application/json"),
@@ -47,12 +48,15 @@ use crate::payments::{OperationKey, Order};
 )]
 pub async fn checkout(
     State(app): State<AppState>,
-    caller: Option<Extension<Caller>>,
+    Extension(caller): Extension<Caller>,
     format: Format,
     IdempotencyKey(client_key): IdempotencyKey,
     Params(mut query): Params<CheckoutQuery>,
     _: NoBody,
 ) -> Response {
+    if let Some(refusal) = require(&caller, Scope::Checkout) {
+        return refusal;
+    }
     let needs_method = app.gateway().needs_payment_method();
     let email = recipient(query.email.take());
     let checked = order(query, app.settings().payments.max_amount, needs_method)
@@ -65,7 +69,6 @@ pub async fn checkout(
         }
     };
     // The operation is its caller's, keyed or not: a receipt records who paid.
-    let caller = caller.map(|Extension(c)| c.0).unwrap_or_default();
     match client_key {
         Some(key) => {
             let mut fingerprint = Fingerprint::of_checkout(&order).with_email(email.as_ref());
@@ -85,7 +88,14 @@ pub async fn checkout(
             };
             // Boxed, like the failure path: a handler future is as large as its largest
             // branch, and thousands of checkouts wait at once.
-            Box::pin(idempotent::once(&app, &caller, &key, &fingerprint, work)).await
+            Box::pin(idempotent::once(
+                &app,
+                &caller.name,
+                &key,
+                &fingerprint,
+                work,
+            ))
+            .await
         }
         None => {
             let Some(slot) = app.admission().try_admit() else {
@@ -109,11 +119,13 @@ pub(crate) async fn run(
     order: Order,
     email: Option<Recipient>,
     operation_key: OperationKey,
-    caller: &str,
+    caller: &Caller,
     fence: Option<i64>,
     format: Format,
 ) -> HttpAnswer {
-    let ctx = CheckoutContext::new(order, email, operation_key, caller, fence);
+    let budget = caller.budget_per_day(&app.settings().payments, order.amount().currency());
+    let ctx =
+        CheckoutContext::new(order, email, operation_key, &caller.name, fence).with_budget(budget);
     let result = app.assistant().checkout(ctx.clone()).await;
     match result.or_else(|err| paid_anyway(&ctx, err)) {
         Ok(outcome) => {
