@@ -13,21 +13,40 @@ use checkout::http::AppState;
 use tokio::sync::oneshot;
 
 /// The service in this process with `auth`, and a handle on its database.
-struct Service {
-    db: TestDb,
-    _model: checkout::model::scripted::ScriptedModel,
-    state: AppState,
+pub(crate) struct Service {
+    pub(crate) db: TestDb,
+    pub(crate) model: checkout::model::scripted::ScriptedModel,
+    pub(crate) state: AppState,
     base: String,
     http: reqwest::Client,
     _stop: oneshot::Sender<()>,
 }
 
 impl Service {
-    async fn start(backend: Backend, auth: AuthMode) -> Service {
-        let db = TestDb::new(backend).await;
+    pub(crate) async fn start(backend: Backend, auth: AuthMode) -> Service {
+        Service::start_with(backend, auth, |_| {}).await
+    }
+
+    /// As [`Service::start`], with the settings adjusted by `tune`, on a database of its
+    /// own.
+    pub(crate) async fn start_with(
+        backend: Backend,
+        auth: AuthMode,
+        tune: impl FnOnce(&mut checkout::config::Settings),
+    ) -> Service {
+        Service::on(TestDb::new(backend).await, auth, tune).await
+    }
+
+    /// As [`Service::start_with`], on `db` (prepared by the test).
+    pub(crate) async fn on(
+        db: TestDb,
+        auth: AuthMode,
+        tune: impl FnOnce(&mut checkout::config::Settings),
+    ) -> Service {
         let model = crate::common::scripted("").await;
         let mut settings = crate::common::test_settings(&db, &model);
         settings.server.auth = auth;
+        tune(&mut settings);
         let listener = tokio::net::TcpListener::bind(settings.server.listen)
             .await
             .expect("bind");
@@ -40,7 +59,7 @@ impl Service {
         }));
         Service {
             db,
-            _model: model,
+            model,
             state,
             base,
             http: crate::common::client(),
@@ -49,7 +68,7 @@ impl Service {
     }
 
     /// A new key named `name`, as `checkout api-keys create NAME` makes it.
-    async fn create_key(&self, name: &str) -> String {
+    pub(crate) async fn create_key(&self, name: &str) -> String {
         caller::create(self.state.db(), name).await.unwrap().key
     }
 
@@ -57,12 +76,21 @@ impl Service {
         caller::revoke(self.state.db(), name).await.unwrap()
     }
 
-    async fn checkout(&self, order: &str, headers: &[(&str, &str)]) -> Reply {
-        let url = format!("{}/checkout?orderId={order}&amount=42.50", self.base);
+    pub(crate) async fn checkout(&self, order: &str, headers: &[(&str, &str)]) -> Reply {
+        self.checkout_of(order, "42.50", headers).await
+    }
+
+    pub(crate) async fn checkout_of(
+        &self,
+        order: &str,
+        amount: &str,
+        headers: &[(&str, &str)],
+    ) -> Reply {
+        let url = format!("{}/checkout?orderId={order}&amount={amount}", self.base);
         crate::common::post(&self.http, &url, headers, None).await
     }
 
-    async fn get(&self, path: &str, headers: &[(&str, &str)]) -> Reply {
+    pub(crate) async fn get(&self, path: &str, headers: &[(&str, &str)]) -> Reply {
         let mut request = self.http.get(format!("{}{path}", self.base));
         for (name, value) in headers {
             request = request.header(*name, *value);
@@ -90,7 +118,7 @@ async fn until_keys_are_required(s: &Service) -> Duration {
     }
 }
 
-fn bearer(key: &str) -> String {
+pub(crate) fn bearer(key: &str) -> String {
     format!("Bearer {key}")
 }
 

@@ -6,6 +6,7 @@
 mod common;
 
 mod auth;
+mod budgets;
 mod crash;
 mod db_restart;
 mod email;
@@ -21,6 +22,7 @@ mod overload;
 mod process;
 mod provider;
 mod real_server_answers;
+mod scopes;
 mod store_contract;
 mod traces;
 mod workers;
