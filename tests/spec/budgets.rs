@@ -48,7 +48,8 @@ fn tally(replies: &[Reply], left: &str) -> (usize, usize) {
 }
 
 // Seen failing: with the reservation's `WHERE budgets.spent_minor + excluded.spent_minor
-// <= $4` taken out of the upsert, all 50 were charged (50 receipts, 0 refusals).
+// <= $4` taken out of the upsert, all 50 were charged ((50, 0) where (10, 40)); with the
+// loop's nudge kept after a refusal, 180 model requests where 100.
 both_backends!(
     fifty_checkouts_of_10_against_a_budget_of_100_make_exactly_ten_receipts,
     |backend| async move {
@@ -130,8 +131,9 @@ async fn open(db: &TestDb) -> Database {
 // the receipt; charging the same order again (a retry) finds the receipt and reserves
 // nothing; over the budget nothing is written, and what is left is said. On Postgres two
 // stores on two pools stand for two instances.
-// Seen failing: with `charge_within` reserving before it knows the receipt went in, the
-// retry of B-1 reserved again (spent 3000, and B-3 refused with 0.00 left).
+// Seen failing: with `charge_within` reserving (and committing) when the receipt was there
+// already, the retry of B-1 reserved again (spent 2000 where 1000); with the upsert's
+// `WHERE` taken out, B-3 was charged.
 both_backends!(
     a_retried_charge_reserves_nothing_again_and_over_the_budget_nothing_is_written,
     |backend| async move {
@@ -192,8 +194,8 @@ both_backends!(
 );
 
 // Seen failing: with the charge tool returning the refusal as a failure (`?`) instead of
-// a result for the model, the answer was 403 but the journal held no tool result and the
-// model was asked once; with the loop's nudge kept after a refusal, 3 model requests.
+// a result for the model, the 403 had no `budgetLeft` (and the model was never told);
+// with the loop's nudge kept after a refusal, 4 model requests where 2.
 both_backends!(
     over_the_budget_the_model_is_told_in_the_tool_result_and_the_answer_is_403,
     |backend| async move {

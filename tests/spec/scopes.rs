@@ -25,7 +25,7 @@ async fn key(s: &Service, name: &str, scopes: &str) -> String {
 }
 
 // Seen failing: with `get_receipt`'s `readable` check taken out, `other` read the
-// receipt of `shop`'s order (200 where 404 is asserted).
+// receipt of `shop`'s order (200 where 404).
 both_backends!(
     a_key_without_read_gets_404_for_another_callers_receipt_and_with_read_gets_it,
     |backend| async move {
@@ -132,8 +132,9 @@ async fn migrate_up_to_0012(db: &TestDb) {
     }
 }
 
-// Seen failing: with migration 0013's default changed to `checkout`, the old key's
-// read of another caller's receipt was 404.
+// Seen failing: with migration 0013's default changed to `checkout`, the old key had no
+// `read` (the scope assertion failed); with `get_receipt`'s check taken out, the new
+// key read the old key's receipt (200 where 404).
 both_backends!(
     keys_made_before_scopes_keep_checkout_and_read,
     |backend| async move {
