@@ -7,7 +7,10 @@
 use std::sync::Arc;
 
 use crate::auth::{Service, bearer};
-use crate::common::{Backend, Harness, Process, Reply, TestDb, client, post, sample, scripted};
+use crate::common::stripe::StripeFake;
+use crate::common::{
+    Backend, Harness, Process, Reply, TestDb, client, post, sample, scripted, through_stripe,
+};
 use checkout::caller::{self, AuthMode, KeySpec};
 use checkout::db::{Database, PoolSettings};
 use checkout::payments::{
@@ -275,5 +278,57 @@ both_backends!(
         let over = s.checkout_of("K-5", "0.01", &as_shop).await;
         assert_eq!(over.problem(403)["budgetLeft"], "0.00");
         assert_eq!(s.db.all_receipts().await, 3);
+    }
+);
+
+// With a payment provider the amount is reserved with the intent, before the provider is
+// called: over the budget the provider is never asked; an attempt the provider declined
+// gives its amount back.
+// Seen failing: with `Intents::settle` not giving a declined attempt's amount back, 4250
+// was spent after the decline where 0.
+both_backends!(
+    with_stripe_the_intent_reserves_and_a_declined_attempt_gives_back,
+    |backend| async move {
+        let fake = StripeFake::start().await;
+        let base = fake.base_url();
+        let h = Harness::with(backend, "", |s| {
+            through_stripe(s, &base);
+            s.payments.budget_per_day = budget("USD:100.00");
+        })
+        .await;
+        let pay = async |order: &str, method: &str| {
+            h.post(
+                &format!("/checkout?orderId={order}&amount=42.50&paymentMethod={method}"),
+                &[],
+                None,
+            )
+            .await
+        };
+        let declined = pay("P-B1", "pm_card_chargeDeclined").await;
+        assert_eq!(declined.problem(402)["code"], "payment_declined");
+        assert_eq!(spent(&h.db).await, 0);
+        assert_eq!(pay("P-B2", "pm_card_visa").await.status, 200);
+        assert_eq!(spent(&h.db).await, 4_250);
+        let paid = pay("P-B3", "pm_card_visa").await;
+        assert_eq!(paid.status, 200, "{}", paid.text());
+        assert_eq!(spent(&h.db).await, 8_500);
+        let over = pay("P-B4", "pm_card_visa").await;
+        assert_eq!(over.problem(403)["budgetLeft"], "15.00");
+        // Nothing of P-B4 reached the provider or the database.
+        assert!(
+            !fake.keys().iter().any(|k| k.contains("P-B4")),
+            "{:?}",
+            fake.keys()
+        );
+        assert_eq!(
+            h.db.count(
+                "SELECT count(*) FROM payment_intents WHERE order_id = $1",
+                Some("P-B4")
+            )
+            .await,
+            0
+        );
+        assert_eq!(h.db.all_receipts().await, 2);
+        assert_eq!(spent(&h.db).await, 8_500);
     }
 );
