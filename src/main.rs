@@ -7,7 +7,7 @@ use std::path::PathBuf;
 use std::process::ExitCode;
 use std::time::Duration;
 
-use checkout::caller::{self, KeyError};
+use checkout::caller::{self, KeyError, KeySpec, Scopes};
 use checkout::config::{Settings, Sources};
 use checkout::db::Database;
 use checkout::model::scripted::{FaultRule, Script, ScriptedModel, describe};
@@ -17,7 +17,9 @@ use checkout::{App, ServeError, StartError};
 const USAGE: &str = "\
 usage: checkout [--config PATH] [--scripted-faults PLAN] [--scripted-delay-ms N]
        checkout scripted-model [--listen ADDR] [--faults PLAN] [--delay-ms N] [--api-key KEY]
-       checkout api-keys create NAME | list | revoke NAME   [--config PATH]
+       checkout api-keys create NAME [--scope checkout,refund,approve,read]
+                [--approval-above USD:50.00,...] [--budget-per-day USD:500.00,...]
+       checkout api-keys list | revoke NAME   [--config PATH]
 
 Settings come from config/default.toml (or --config / CHECKOUT_CONFIG), then the
 environment (DATABASE_URL, OPENAI_API_KEY, OPENAI_BASE_URL, OPENAI_MODEL, CHECKOUT_*).
@@ -165,10 +167,32 @@ async fn api_keys(args: &[String]) -> ExitCode {
         _ => return usage_error(&format!("api-keys: unknown command {command:?}")),
     };
     let mut sources = Sources::from_env();
-    match flags(flag_args, &["--config"]) {
+    let known: &[&str] = match command {
+        "create" => &[
+            "--config",
+            "--scope",
+            "--approval-above",
+            "--budget-per-day",
+        ],
+        _ => &["--config"],
+    };
+    // Checked before the database is opened: a bad value creates nothing.
+    let mut spec = KeySpec::checkout();
+    match flags(flag_args, known) {
         Ok(flags) => {
-            for (_, value) in flags {
-                sources.config_path = Some(PathBuf::from(value));
+            for (flag, value) in flags {
+                let read = match flag {
+                    "--scope" => Scopes::parse(value).map(|s| spec.scopes = s),
+                    "--approval-above" => own_limit(value).map(|l| spec.approval_above = l),
+                    "--budget-per-day" => own_limit(value).map(|l| spec.budget_per_day = l),
+                    _ => {
+                        sources.config_path = Some(PathBuf::from(value));
+                        Ok(())
+                    }
+                };
+                if let Err(err) = read {
+                    return usage_error(&format!("{flag} {value:?}: {err}"));
+                }
             }
         }
         Err(message) => return usage_error(&message),
@@ -188,10 +212,10 @@ async fn api_keys(args: &[String]) -> ExitCode {
         }
     };
     let result = match (command, name) {
-        ("create", Some(name)) => caller::create(&db, name).await.map(|new| {
+        ("create", Some(name)) => caller::create_with(&db, name, &spec).await.map(|new| {
             eprintln!(
-                "checkout: API key {:?} created; it is shown only this once, keep it secret:",
-                new.name
+                "checkout: API key {:?} created (scopes {}); it is shown only this once, keep it secret:",
+                new.name, spec.scopes
             );
             println!("{}", new.key);
         }),
@@ -199,10 +223,22 @@ async fn api_keys(args: &[String]) -> ExitCode {
             eprintln!("checkout: API key {name:?} revoked: refused from the next request on");
         }),
         _ => caller::list(&db).await.map_err(KeyError::from).map(|keys| {
-            println!("{:<24} {:<24} REVOKED", "NAME", "CREATED");
+            println!(
+                "{:<24} {:<24} {:<24} {:<30} {:<20} {:<20}",
+                "NAME", "CREATED", "REVOKED", "SCOPES", "APPROVAL_ABOVE", "BUDGET_PER_DAY"
+            );
             for key in keys {
                 let revoked = key.revoked_at.map_or_else(|| "-".to_owned(), rfc3339);
-                println!("{:<24} {:<24} {revoked}", key.name, rfc3339(key.created_at));
+                let limit = |l: Option<String>| l.unwrap_or_else(|| "-".to_owned());
+                println!(
+                    "{:<24} {:<24} {:<24} {:<30} {:<20} {:<20}",
+                    key.name,
+                    rfc3339(key.created_at),
+                    revoked,
+                    key.scopes,
+                    limit(key.approval_above),
+                    limit(key.budget_per_day)
+                );
             }
         }),
     };
@@ -218,6 +254,12 @@ async fn api_keys(args: &[String]) -> ExitCode {
             ExitCode::from(2)
         }
     }
+}
+
+/// A key's own limit: `USD:50.00,EUR:40.00`; empty is none (the setting decides).
+fn own_limit(value: &str) -> Result<Option<checkout::payments::PerCurrency>, String> {
+    let limit = checkout::payments::PerCurrency::parse(value)?;
+    Ok((!limit.is_empty()).then_some(limit))
 }
 
 fn rfc3339(epoch_ms: i64) -> String {

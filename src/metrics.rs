@@ -62,6 +62,11 @@ const BUDGET_REFUSALS: Def = Def {
     help: "Request retries not made because the retry budget shared by all model requests was empty (not counted in checkout_retries_total).",
     buckets: None,
 };
+const SPEND_BUDGET_REFUSALS: Def = Def {
+    name: "checkout_budget_refusals_total",
+    help: "Charges refused because they would pass their caller's budget for the UTC day (CHECKOUT_BUDGET_PER_DAY, or the API key's own): nothing charged, the checkout answered 403 budget_exceeded.",
+    buckets: None,
+};
 const TIMEOUTS: Def = Def {
     name: "checkout_timeouts_total",
     help: "Timeouts that fired, by layer: request (one model request), loop (one run of the assistant loop), server (one HTTP request to this service).",
@@ -151,6 +156,7 @@ const CATALOGUE: &[&Def] = &[
     &CHARGES,
     &RETRIES,
     &BUDGET_REFUSALS,
+    &SPEND_BUDGET_REFUSALS,
     &TIMEOUTS,
     &LOOP_ROUNDS,
     &IDEMPOTENCY_KEYS,
@@ -285,6 +291,7 @@ impl Metrics {
             metrics.counter(&IDEMPOTENCY_KEYS, &[("outcome", outcome.label())], 0);
         }
         metrics.counter(&BUDGET_REFUSALS, &[], 0);
+        metrics.counter(&SPEND_BUDGET_REFUSALS, &[], 0);
         for outcome in [
             EmailOutcome::Sent,
             EmailOutcome::Retried,
@@ -401,6 +408,11 @@ impl Metrics {
     /// The request retry would have repeated a request, but the budget was empty.
     pub fn retry_budget_refused(&self) {
         self.counter(&BUDGET_REFUSALS, &[], 1);
+    }
+
+    /// A charge was refused for passing its caller's budget for the day.
+    pub fn budget_refusal(&self) {
+        self.counter(&SPEND_BUDGET_REFUSALS, &[], 1);
     }
 
     pub fn timeout(&self, layer: TimedOut) {

@@ -203,7 +203,8 @@ impl Inner {
                     .remember(ctx, std::mem::take(&mut pending))
                     .await?;
                 let Some(receipt) = receipt else {
-                    if nudges == limits.max_nudges {
+                    // Over the budget, not charging is right: no nudge.
+                    if nudges == limits.max_nudges || ctx.over_budget().is_some() {
                         return Err(FailureKind::ModelDidNotCharge);
                     }
                     nudges += 1;

@@ -7,7 +7,10 @@ use std::sync::{Arc, Mutex};
 use crate::journal::{Entry, JournalKey, NewEntry};
 use crate::model::Completion;
 use crate::outbox::Recipient;
-use crate::payments::{Charge, ChargeKey, OperationKey, Order, OrderId, PaymentGateway, Receipt};
+use crate::payments::store::BudgetLeft;
+use crate::payments::{
+    Charge, ChargeKey, Money, OperationKey, Order, OrderId, PaymentGateway, Receipt,
+};
 
 /// Everything one checkout carries through every retried unit: the order the client
 /// authorized and the keys the handler made for it before anything was retried.
@@ -41,6 +44,9 @@ struct Inner {
     /// The charge waits for a person's approval: the order's amount is above the caller's
     /// threshold, as the handler found when it took the request.
     needs_approval: bool,
+    /// The caller's budget for the day in the order's currency (`None`: no budget),
+    /// resolved by the handler from its API key and the settings.
+    budget: Option<Money>,
 }
 
 /// What a checkout cost in model requests and tokens, and what its journal saved.
@@ -61,6 +67,8 @@ struct ChargeState {
     /// A charge statement may have reached the database without its answer reaching us
     /// (a timeout cut it off, the connection broke).
     in_doubt: bool,
+    /// A charge was refused for passing the caller's budget: what was left.
+    over_budget: Option<BudgetLeft>,
 }
 
 impl CheckoutContext {
@@ -90,20 +98,42 @@ impl CheckoutContext {
             kept: Mutex::new(Vec::new()),
             models: Mutex::new(Vec::new()),
             needs_approval: false,
+            budget: None,
         }))
     }
 
     /// The same checkout, its charge waiting for a person's approval. Set by the handler
     /// before anything runs, never by the loop.
-    pub fn needing_approval(self) -> Self {
-        let mut inner = Arc::into_inner(self.0).expect("set before the context is shared");
-        inner.needs_approval = true;
-        CheckoutContext(Arc::new(inner))
+    pub fn needing_approval(mut self) -> Self {
+        Arc::get_mut(&mut self.0)
+            .expect("set before the context is shared")
+            .needs_approval = true;
+        self
     }
 
     /// Whether the charge waits for a person's approval.
     pub fn needs_approval(&self) -> bool {
         self.0.needs_approval
+    }
+
+    /// Within the caller's budget for the day, in the order's currency (`None`: none).
+    /// Called by the handler on the context it just made, before any clone.
+    pub fn with_budget(mut self, budget: Option<Money>) -> Self {
+        Arc::get_mut(&mut self.0)
+            .expect("the budget is set before the context is shared")
+            .budget = budget;
+        self
+    }
+
+    /// Notes that a charge was refused for passing the caller's budget.
+    pub(crate) fn refused_over_budget(&self, left: BudgetLeft) {
+        self.charge_state().over_budget = Some(left);
+    }
+
+    /// What was left of the caller's budget when a charge of this checkout was refused
+    /// for passing it; `None` when none was.
+    pub fn over_budget(&self) -> Option<BudgetLeft> {
+        self.charge_state().over_budget
     }
 
     /// Whether this operation made `receipt`: its key, and its caller's (the same
@@ -192,6 +222,7 @@ impl CheckoutContext {
             &self.0.journal.caller,
         )
         .paid_with(order.payment_method())
+        .within(self.0.budget)
     }
 
     pub fn operation_key(&self) -> &OperationKey {

@@ -109,6 +109,7 @@ impl FailureKind {
                 ChargeError::Declined { .. } => "payment_declined",
                 ChargeError::RequiresAction { .. } => "payment_requires_action",
                 ChargeError::NoPaymentMethod => "no_payment_method",
+                ChargeError::BudgetExceeded(_) => "budget_exceeded",
                 ChargeError::AmountConflict { .. } | ChargeError::Store(_) => "database",
             },
             FailureKind::Tool(ToolFailure::Outbox(QueueError::Store(_))) => "database",

@@ -19,7 +19,8 @@ use crate::journal::NewEntry;
 use crate::metrics::Metrics;
 use crate::model::wire::{FunctionSpec, ToolCall, ToolList, ToolSpec, Tools};
 use crate::outbox::Outbox;
-use crate::payments::{Order, PaymentGateway, Receipt};
+use crate::payments::store::BudgetLeft;
+use crate::payments::{ChargeError, Order, PaymentGateway, Receipt};
 use crate::telemetry::genai;
 
 pub const CHARGE: &str = "charge";
@@ -163,7 +164,11 @@ impl ToolBox {
                 if err.charged_nothing() {
                     ctx.charge_not_sent(doubt_before);
                 }
-            })?;
+            });
+        let charged = match charged {
+            Err(ChargeError::BudgetExceeded(left)) => return Ok(self.over_budget(ctx, left)),
+            charged => charged?,
+        };
         let receipt = charged.receipt;
         self.metrics.charge(charged.created);
         // A charge made is an event of the `execute_tool charge` span, for traces; the log
@@ -202,6 +207,19 @@ impl ToolBox {
                 );
                 Err(ToolFailure::Approval(approval.map(Box::new)))
             }
+        }
+    }
+
+    /// A charge refused for passing the caller's budget: the model is told (nothing was
+    /// charged, what is left), and the checkout answers 403 `budget_exceeded`.
+    fn over_budget(&self, ctx: &CheckoutContext, left: BudgetLeft) -> ToolOutput {
+        self.metrics.budget_refusal();
+        ctx.refused_over_budget(left);
+        tracing::info!(order = %ctx.order().id(), left = %left, "charge tool: over the caller's budget for today; nothing was charged");
+        ToolOutput {
+            content: budget_result(&left, ctx.order()),
+            receipt: None,
+            journaled: false,
         }
     }
 
@@ -264,6 +282,11 @@ impl ToolBox {
             .filter(|result| result["status"] == "charged")
             .map(|result| result["receiptId"].as_str().unwrap_or_default().to_owned());
         let Some(receipt_id) = charged else {
+            if call.function.name == CHARGE
+                && let Some(left) = budget_refusal(&content, ctx)
+            {
+                ctx.refused_over_budget(left);
+            }
             return Ok(ToolOutput {
                 content,
                 receipt: None,
@@ -319,6 +342,33 @@ fn charge_result(receipt: &Receipt, already_charged: bool) -> String {
         already_charged,
     })
     .expect("a charge result always serializes")
+}
+
+/// What the model is told of a charge over the caller's budget.
+fn budget_result(left: &BudgetLeft, order: &Order) -> String {
+    json!({
+        "status": "error",
+        "error": format!(
+            "charging {} would pass this caller's budget for today: {left} is left; nothing was charged; do not call {CHARGE:?} again, tell the customer the payment was not taken",
+            order.amount()
+        ),
+        "budgetLeft": left.decimal(),
+        "currency": left.limit.currency().code(),
+        "charged": false,
+    })
+    .to_string()
+}
+
+/// The budget refusal a journaled charge result records, if it is one.
+fn budget_refusal(content: &str, ctx: &CheckoutContext) -> Option<BudgetLeft> {
+    let result: serde_json::Value = serde_json::from_str(content).ok()?;
+    let left = result.get("budgetLeft")?.as_str()?;
+    let limit = ctx.charge().budget()?;
+    let minor = match crate::payments::Money::parse(left, limit.currency()) {
+        Ok(money) => money.minor(),
+        Err(_) => 0,
+    };
+    Some(BudgetLeft { minor, limit })
 }
 
 /// A refused charge call: what was wrong, and the call that would be accepted (the

@@ -9,6 +9,7 @@
 
 pub mod api_keys;
 
+use std::fmt;
 use std::net::SocketAddr;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -17,14 +18,180 @@ use std::time::Duration;
 use sha2::{Digest, Sha256};
 use subtle::ConstantTimeEq;
 
+use crate::config::PaymentSettings;
 use crate::db::{Database, StoreError};
+use crate::payments::{Currency, Money, PerCurrency};
 use crate::worker::{Worker, every};
 
-/// Who is calling. An authentication layer that knows the caller inserts this into the
-/// request's extensions, and keys are then scoped to it: two callers may use the same key
-/// without meeting. Without it, every request is the anonymous caller `""`.
+/// Who is calling, and what it may do. The API key check inserts one into every request's
+/// extensions on the callers' routes: the key's caller, or [`Caller::open`] while the
+/// service needs no key. Idempotency-Keys are scoped to its name: two callers may use the
+/// same key without meeting.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Caller {
+    /// The key's name; `""` for the anonymous caller of open mode.
+    pub name: String,
+    pub scopes: Scopes,
+    /// The key's own approval thresholds (`--approval-above`); where it names no amount
+    /// for a currency, `CHECKOUT_APPROVAL_ABOVE` decides.
+    pub approval_above: Option<PerCurrency>,
+    /// The key's own daily budget (`--budget-per-day`); where it names no amount for a
+    /// currency, `CHECKOUT_BUDGET_PER_DAY` decides.
+    pub budget_per_day: Option<PerCurrency>,
+}
+
+impl Caller {
+    /// The anonymous caller `""` of open mode (no key needed): every scope, no limits of
+    /// its own (the settings' still apply).
+    pub fn open() -> Caller {
+        Caller {
+            name: String::new(),
+            scopes: Scopes::ALL,
+            approval_above: None,
+            budget_per_day: None,
+        }
+    }
+
+    pub fn has(&self, scope: Scope) -> bool {
+        self.scopes.has(scope)
+    }
+
+    /// Above what amount of `currency` a charge of this caller's waits for a person: the
+    /// key's own, else the setting's; `None`: never.
+    pub fn approval_above(&self, settings: &PaymentSettings, currency: Currency) -> Option<Money> {
+        own_or_setting(
+            self.approval_above.as_ref(),
+            &settings.approval_above,
+            currency,
+        )
+    }
+
+    /// What this caller may be charged in `currency` per UTC day: the key's own, else the
+    /// setting's; `None`: no budget.
+    pub fn budget_per_day(&self, settings: &PaymentSettings, currency: Currency) -> Option<Money> {
+        own_or_setting(
+            self.budget_per_day.as_ref(),
+            &settings.budget_per_day,
+            currency,
+        )
+    }
+}
+
+fn own_or_setting(
+    own: Option<&PerCurrency>,
+    setting: &PerCurrency,
+    currency: Currency,
+) -> Option<Money> {
+    own.and_then(|own| own.get(currency))
+        .or_else(|| setting.get(currency))
+}
+
+/// What an API key lets its caller do.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Scope {
+    /// POST /checkout, and its own operations and receipts.
+    Checkout,
+    /// POST /refunds.
+    Refund,
+    /// The approvals endpoints: approve and deny.
+    Approve,
+    /// Every caller's receipts and operations.
+    Read,
+}
+
+impl Scope {
+    pub const ALL: [Scope; 4] = [Scope::Checkout, Scope::Refund, Scope::Approve, Scope::Read];
+
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Scope::Checkout => "checkout",
+            Scope::Refund => "refund",
+            Scope::Approve => "approve",
+            Scope::Read => "read",
+        }
+    }
+
+    fn bit(self) -> u8 {
+        1 << (self as u8)
+    }
+}
+
+impl fmt::Display for Scope {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+/// A set of scopes, written as a comma list (`checkout,read`).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Scopes(u8);
+
+impl Scopes {
+    pub const ALL: Scopes = Scopes(0b1111);
+    /// What a new key gets unless told otherwise.
+    pub const DEFAULT: Scopes = Scopes(1 << Scope::Checkout as u8);
+
+    pub fn of(scopes: &[Scope]) -> Scopes {
+        Scopes(scopes.iter().fold(0, |bits, s| bits | s.bit()))
+    }
+
+    pub fn has(self, scope: Scope) -> bool {
+        self.0 & scope.bit() != 0
+    }
+
+    /// Reads `checkout,refund`: at least one scope, each one of checkout, refund, approve,
+    /// read.
+    pub fn parse(text: &str) -> Result<Scopes, String> {
+        let mut bits = 0;
+        for word in text.split(',').map(str::trim).filter(|w| !w.is_empty()) {
+            let scope = Scope::ALL
+                .into_iter()
+                .find(|s| s.as_str() == word)
+                .ok_or_else(|| {
+                    format!(
+                        "{word:?} is not a scope: the scopes are checkout, refund, approve, read"
+                    )
+                })?;
+            bits |= scope.bit();
+        }
+        if bits == 0 {
+            return Err("name at least one scope: checkout, refund, approve, read".into());
+        }
+        Ok(Scopes(bits))
+    }
+}
+
+impl fmt::Display for Scopes {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let mut first = true;
+        for scope in Scope::ALL.into_iter().filter(|s| self.has(*s)) {
+            if !first {
+                f.write_str(",")?;
+            }
+            first = false;
+            f.write_str(scope.as_str())?;
+        }
+        Ok(())
+    }
+}
+
+/// What a new key may do: its scopes and its own limits.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
-pub struct Caller(pub String);
+pub struct KeySpec {
+    pub scopes: Scopes,
+    pub approval_above: Option<PerCurrency>,
+    pub budget_per_day: Option<PerCurrency>,
+}
+
+impl KeySpec {
+    /// The scope `checkout`, no limits of its own: `checkout api-keys create NAME`.
+    pub fn checkout() -> KeySpec {
+        KeySpec {
+            scopes: Scopes::DEFAULT,
+            ..KeySpec::default()
+        }
+    }
+}
 
 /// `CHECKOUT_AUTH`: when a caller must send an API key.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -122,6 +289,9 @@ pub fn valid_name(name: &str) -> Result<(), String> {
 pub enum KeyError {
     #[error("{0}")]
     InvalidName(String),
+    /// Scopes or limits that do not parse, or no scope at all.
+    #[error("{0}")]
+    InvalidSpec(String),
     #[error(
         "an API key named {0:?} exists already (revoked or not; a name is never reused, so that no new caller inherits an old one's Idempotency-Keys)"
     )]
@@ -136,12 +306,23 @@ pub enum KeyError {
     Store(#[from] StoreError),
 }
 
-/// Makes a key named `name`, keeps its hash, and returns the key (shown only this once).
+/// Makes a key named `name` with the scope `checkout` and no limits of its own.
 pub async fn create(db: &Database, name: &str) -> Result<NewKey, KeyError> {
+    create_with(db, name, &KeySpec::checkout()).await
+}
+
+/// Makes a key named `name` that may do what `spec` says, keeps its hash, and returns the
+/// key (shown only this once).
+pub async fn create_with(db: &Database, name: &str, spec: &KeySpec) -> Result<NewKey, KeyError> {
     valid_name(name).map_err(KeyError::InvalidName)?;
+    if spec.scopes == Scopes::default() {
+        return Err(KeyError::InvalidSpec(
+            "a key needs at least one scope: checkout, refund, approve, read".into(),
+        ));
+    }
     let key = generate_key().map_err(KeyError::Random)?;
     let mut conn = db.acquire().await?;
-    if !api_keys::insert(conn.conn(), name, KeyHash::of(&key).as_str()).await? {
+    if !api_keys::insert(conn.conn(), name, KeyHash::of(&key).as_str(), spec).await? {
         return Err(KeyError::NameTaken(name.to_owned()));
     }
     Ok(NewKey {
@@ -164,6 +345,25 @@ pub async fn revoke(db: &Database, name: &str) -> Result<(), KeyError> {
     {
         Some(_) => Err(KeyError::AlreadyRevoked(name.to_owned())),
         None => Err(KeyError::NoSuchName(name.to_owned())),
+    }
+}
+
+/// The caller named `name` as its key says now, for work resumed without its request
+/// (the recovery sweep): `""` is the anonymous caller of open mode; a name no key has
+/// keeps no scopes and no limits of its own (the settings' still apply).
+pub async fn named(db: &Database, name: &str) -> Result<Caller, StoreError> {
+    if name.is_empty() {
+        return Ok(Caller::open());
+    }
+    let mut conn = db.acquire().await?;
+    match api_keys::by_name(conn.conn(), name).await? {
+        Some(found) => found.into_caller(),
+        None => Ok(Caller {
+            name: name.to_owned(),
+            scopes: Scopes::default(),
+            approval_above: None,
+            budget_per_day: None,
+        }),
     }
 }
 
@@ -303,7 +503,7 @@ impl Gate {
         Ok(match api_keys::find(conn.conn(), hash.as_str()).await? {
             Some(found) if found.revoked_at.is_none() && hash.matches(&found.key_hash) => {
                 self.keys_exist.store(true, Ordering::Release);
-                Verdict::Caller(Caller(found.name))
+                Verdict::Caller(found.into_caller()?)
             }
             _ => Verdict::Refused(AuthRefusal::Invalid),
         })
@@ -351,6 +551,38 @@ mod tests {
         assert_eq!(bearer(b"Bearer "), None);
         assert_eq!(bearer(b"Bearer a b"), None);
         assert_eq!(bearer(b"ck_1"), None);
+    }
+
+    #[test]
+    fn scopes_read_what_they_write_and_refuse_the_rest() {
+        let scopes = Scopes::parse("read, checkout").unwrap();
+        assert_eq!(scopes.to_string(), "checkout,read");
+        assert!(scopes.has(Scope::Read) && !scopes.has(Scope::Approve));
+        assert_eq!(Scopes::ALL.to_string(), "checkout,refund,approve,read");
+        assert_eq!(Scopes::DEFAULT.to_string(), "checkout");
+        assert!(Scopes::parse("").is_err());
+        assert!(Scopes::parse("checkout,admin").is_err());
+    }
+
+    #[test]
+    fn a_key_s_own_limit_comes_before_the_setting() {
+        let usd = Currency::parse("USD").unwrap();
+        let eur = Currency::parse("EUR").unwrap();
+        let mut settings = crate::config::Settings::default().payments;
+        settings.budget_per_day = PerCurrency::parse("USD:100.00,EUR:90.00").unwrap();
+        let mut caller = Caller::open();
+        assert_eq!(
+            caller.budget_per_day(&settings, usd).unwrap().minor(),
+            10_000
+        );
+        caller.budget_per_day = Some(PerCurrency::parse("USD:5.00").unwrap());
+        assert_eq!(caller.budget_per_day(&settings, usd).unwrap().minor(), 500);
+        assert_eq!(
+            caller.budget_per_day(&settings, eur).unwrap().minor(),
+            9_000
+        );
+        assert!(caller.approval_above(&settings, usd).is_none());
+        assert!(Caller::open().has(Scope::Approve));
     }
 
     #[test]

@@ -26,3 +26,16 @@ impl Pooled {
         }
     }
 }
+
+/// A transaction's connection, lent to the statements of one commit.
+impl<'c> From<&'c mut PgConnection> for Conn<'c> {
+    fn from(c: &'c mut PgConnection) -> Self {
+        Conn::Postgres(c)
+    }
+}
+
+impl<'c> From<&'c mut SqliteConnection> for Conn<'c> {
+    fn from(c: &'c mut SqliteConnection) -> Self {
+        Conn::Sqlite(c)
+    }
+}

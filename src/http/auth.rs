@@ -1,7 +1,8 @@
 //! The API key check in front of `/checkout` and `/receipts` (health, the API document,
 //! Swagger UI and metrics stay open): a valid `Authorization: Bearer <key>` puts its
 //! [`Caller`](crate::caller::Caller) in the request's extensions, so that Idempotency-Keys
-//! and saved answers are scoped to it; a refusal is 401 `unauthorized` with
+//! and saved answers are scoped to it, and its scopes checked ([`require`]); an open
+//! service puts [`Caller::open`] there; a refusal is 401 `unauthorized` with
 //! `WWW-Authenticate: Bearer`. The header's value is never logged (the router marks it
 //! sensitive) and never part of an answer.
 //!
@@ -24,7 +25,7 @@ use tower::{Layer, Service, ServiceExt};
 
 use super::error::{Code, Problem};
 use super::state::AppState;
-use crate::caller::{AuthRefusal, Verdict};
+use crate::caller::{AuthRefusal, Caller, Scope, Verdict};
 
 /// The check, as a layer over the callers' routes.
 #[derive(Clone)]
@@ -99,7 +100,12 @@ where
             request.extensions_mut().insert(caller);
             Either::Left(inner.oneshot(request))
         }
-        Verdict::Open => Either::Left(inner.oneshot(request)),
+        Verdict::Open => {
+            // Every scope, no limits of its own: the handlers take a `Caller` whatever the
+            // mode. Small (no allocation for its empty name), inserted in place.
+            request.extensions_mut().insert(Caller::open());
+            Either::Left(inner.oneshot(request))
+        }
         Verdict::Refused(why) => Either::Right(ready(Ok(refusal(app, why)))),
     }
 }
@@ -132,4 +138,24 @@ pub fn unauthorized(why: AuthRefusal) -> Response {
         HeaderValue::from_static(challenge),
     );
     response
+}
+
+/// The 403 `forbidden` for a caller without `scope`, naming it; `None` when it has it.
+pub fn require(caller: &Caller, scope: Scope) -> Option<Response> {
+    if caller.has(scope) {
+        return None;
+    }
+    tracing::info!(caller = %caller.name, scope = scope.as_str(), "request refused: the API key lacks the scope");
+    Some(forbidden(scope).into_response())
+}
+
+/// The problem of a missing scope (also the API document's example).
+pub fn forbidden(scope: Scope) -> Problem {
+    Problem::new(
+        Code::Forbidden,
+        format!(
+            "this API key does not carry the scope {scope:?} this operation needs (an operator makes one with `checkout api-keys create NAME --scope {scope}`)",
+            scope = scope.as_str()
+        ),
+    )
 }

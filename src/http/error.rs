@@ -202,6 +202,11 @@ pub struct ProblemBody {
     /// the payment.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub payment_id: Option<String>,
+    /// For `budget_exceeded`: what is left of the caller's budget for the UTC day, in the
+    /// order's currency.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    #[schema(example = "20.00")]
+    pub budget_left: Option<String>,
 }
 
 /// An error answer. Build with [`Problem::new`], fill in `body`, return it.
@@ -232,6 +237,7 @@ impl Problem {
                 charged_currency: None,
                 decline_code: None,
                 payment_id: None,
+                budget_left: None,
             }),
             retry_after: None,
         }

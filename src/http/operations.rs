@@ -71,11 +71,10 @@ pub struct RunningResponse {
 )]
 pub async fn get(
     State(app): State<AppState>,
-    caller: Option<Extension<Caller>>,
+    Extension(caller): Extension<Caller>,
     Path(key): Path<String>,
 ) -> Response {
-    let caller = caller.map(|Extension(c)| c).unwrap_or_default();
-    match app.records().status(&caller.0, &key).await {
+    match app.records().status(&caller.name, &key).await {
         Ok(Some(Ok(saved))) => idempotent::replay(saved),
         Ok(Some(Err(_))) => HttpAnswer::json(
             StatusCode::ACCEPTED,

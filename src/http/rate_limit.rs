@@ -167,8 +167,11 @@ pub async fn limit(State(limit): State<RateLimit>, request: Request, next: Next)
 
 fn who(request: &Request) -> Who {
     let extensions = request.extensions();
-    if let Some(Caller(id)) = extensions.get::<Caller>() {
-        return Who::Caller(id.clone());
+    // The anonymous caller of open mode is no one in particular: limited by address.
+    if let Some(Caller { name, .. }) = extensions.get::<Caller>()
+        && !name.is_empty()
+    {
+        return Who::Caller(name.clone());
     }
     match extensions.get::<ConnectInfo<SocketAddr>>() {
         Some(ConnectInfo(addr)) => Who::Address(addr.ip()),

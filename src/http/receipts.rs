@@ -1,6 +1,6 @@
 //! `GET /receipts/{orderId}`.
 
-use axum::extract::{Path, State};
+use axum::extract::{Extension, Path, State};
 use axum::response::{IntoResponse, Response};
 
 use std::collections::BTreeMap;
@@ -10,7 +10,7 @@ use utoipa::openapi::{RefOr, Response as DocResponse};
 
 use super::error::{Code, Problem, documented};
 use super::state::AppState;
-use crate::caller::AuthRefusal;
+use crate::caller::{AuthRefusal, Caller, Scope};
 use crate::payments::OrderId;
 use crate::payments::Receipt;
 use serde::Serialize;
@@ -33,7 +33,7 @@ impl IntoResponses for ReceiptErrors {
                 vec![Problem::unauthorized(AuthRefusal::Missing)],
             ),
             (
-                "`not_found`: the order has not been charged",
+                "`not_found`: the order has not been charged, or by another caller (and this key lacks the scope `read`)",
                 vec![Problem::new(
                     Code::NotFound,
                     "order A-100 has no receipt: it has not been charged",
@@ -58,21 +58,30 @@ fn unavailable(err: impl std::fmt::Display) -> Problem {
     path = "/receipts/{orderId}",
     tag = "checkout",
     summary = "The receipt of a charged order",
-    security(("api_key" = [])),
+    description = "A caller reads the receipts of its own checkouts; with the API key scope `read`, every caller's. Another caller's receipt is 404, as an order not charged.",
+    security(("api_key" = ["checkout"]), ("api_key" = ["read"])),
     params(("orderId" = String, Path, description = "The order id: 1–64 of `A-Z a-z 0-9 . _ : -`, starting with a letter or digit", example = "A-100", min_length = 1, max_length = 64, pattern = "^[A-Za-z0-9][A-Za-z0-9._:-]{0,63}$")),
     responses(
         (status = 200, description = "The order is charged", body = ReceiptView),
         ReceiptErrors,
     )
 )]
-pub async fn get_receipt(State(app): State<AppState>, Path(order_id): Path<String>) -> Response {
+pub async fn get_receipt(
+    State(app): State<AppState>,
+    Extension(caller): Extension<Caller>,
+    Path(order_id): Path<String>,
+) -> Response {
     let order_id = match OrderId::parse(&order_id) {
         Ok(id) => id,
         Err(err) => return Problem::invalid("orderId", format!("orderId {err}")).into_response(),
     };
+    // Another caller's receipt is as good as none: a 403 would say the order exists.
+    let readable = |r: &Receipt| r.caller == caller.name || caller.has(Scope::Read);
     match app.gateway().receipt(&order_id).await {
-        Ok(Some(receipt)) => axum::Json(ReceiptView::from(&receipt)).into_response(),
-        Ok(None) => Problem::new(
+        Ok(Some(receipt)) if readable(&receipt) => {
+            axum::Json(ReceiptView::from(&receipt)).into_response()
+        }
+        Ok(_) => Problem::new(
             Code::NotFound,
             format!("order {order_id} has no receipt: it has not been charged"),
         )

@@ -90,6 +90,14 @@ async fn recover(app: &AppState, operation: Lapsed, slot: Slot) {
             return slot.unused();
         }
     };
+    // Its caller's budget applies to a resumed checkout as to the request's own run.
+    let caller = match crate::caller::named(app.db(), &caller).await {
+        Ok(caller) => caller,
+        Err(err) => {
+            tracing::warn!(key, error = %err, "recovery sweep: cannot read the operation's caller");
+            return slot.unused();
+        }
+    };
     let lease = match app
         .records()
         .recover(&operation, settings.idempotency.lease, max)
@@ -105,7 +113,7 @@ async fn recover(app: &AppState, operation: Lapsed, slot: Slot) {
     };
     tracing::warn!(
         key,
-        caller,
+        caller = %caller.name,
         fence = lease.fence,
         recovery = operation.recoveries + 1,
         of = max,

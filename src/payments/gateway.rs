@@ -8,7 +8,7 @@ use std::sync::Arc;
 
 use super::keys::{Charge, OperationKey, OrderId, PaymentMethod};
 use super::money::{Currency, Money};
-use super::store::{ChargeOutcome, Intent, IntentStatus, Intents, Receipt, Receipts};
+use super::store::{BudgetLeft, ChargeOutcome, Intent, IntentStatus, Intents, Receipt, Receipts};
 use super::stripe::{PaymentOutcome, ProviderError, Stripe};
 use crate::db::StoreError;
 use crate::journal::NewEntry;
@@ -50,6 +50,12 @@ pub enum ChargeError {
     },
     #[error(transparent)]
     Store(#[from] StoreError),
+    /// The charge would pass its caller's budget for the day: nothing was charged or
+    /// written.
+    #[error(
+        "the charge would pass the caller's budget for today; {0} is left; nothing was charged"
+    )]
+    BudgetExceeded(BudgetLeft),
     /// The provider declined the attempt; it is over, recorded with its decline code.
     #[error("the payment provider declined the payment ({decline_code}): {message}")]
     Declined {
@@ -75,6 +81,7 @@ impl ChargeError {
     pub fn charged_nothing(&self) -> bool {
         match self {
             ChargeError::AmountConflict { .. }
+            | ChargeError::BudgetExceeded(_)
             | ChargeError::Declined { .. }
             | ChargeError::RequiresAction { .. }
             | ChargeError::NoPaymentMethod => true,
@@ -145,6 +152,7 @@ impl PaymentGateway {
                     asked: amount,
                 })
             }
+            ChargeOutcome::OverBudget(left) => Err(ChargeError::BudgetExceeded(left)),
         }
     }
 
@@ -199,7 +207,7 @@ impl PaymentGateway {
                 }
                 ended => {
                     let attempt = ended.map_or(1, |i| i.attempt + 1);
-                    let intent = Intent {
+                    let mut intent = Intent {
                         order_id: order.as_str().to_owned(),
                         attempt,
                         amount_minor: amount.minor(),
@@ -212,8 +220,18 @@ impl PaymentGateway {
                         provider_payment_id: None,
                         decline_code: None,
                         age_ms: 0,
+                        budget_day: None,
                     };
-                    if provider.intents.create(&intent).await? {
+                    // A caller with a budget reserves the attempt's amount with it.
+                    let created = match charge.budget() {
+                        Some(limit) => provider
+                            .intents
+                            .create_within(&mut intent, limit)
+                            .await?
+                            .map_err(ChargeError::BudgetExceeded)?,
+                        None => provider.intents.create(&intent).await?,
+                    };
+                    if created {
                         tracing::info!(order = %order, attempt, provider_key = %intent.provider_key, "payment intent committed; calling the payment provider");
                         break (intent, true);
                     }

@@ -200,6 +200,9 @@ pub struct Charge<'a> {
     method: Option<&'a PaymentMethod>,
     operation: &'a OperationKey,
     caller: &'a str,
+    /// The caller's budget for the day in the charge's currency, resolved by the handler
+    /// from its API key and the settings (never from the model): `None`, no budget.
+    budget: Option<Money>,
 }
 
 impl<'a> Charge<'a> {
@@ -215,12 +218,23 @@ impl<'a> Charge<'a> {
             method: None,
             operation,
             caller,
+            budget: None,
         }
     }
 
     /// Paid with `method` (a payment provider's payment method).
     pub fn paid_with(self, method: Option<&'a PaymentMethod>) -> Charge<'a> {
         Charge { method, ..self }
+    }
+
+    /// Within the caller's budget for the day (`None`: no budget): the charge reserves its
+    /// amount in the transaction that records it, or is refused.
+    pub fn within(self, budget: Option<Money>) -> Charge<'a> {
+        Charge { budget, ..self }
+    }
+
+    pub fn budget(&self) -> Option<Money> {
+        self.budget
     }
 
     pub fn key(&self) -> &'a ChargeKey {

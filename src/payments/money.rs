@@ -220,6 +220,16 @@ impl Money {
     }
 }
 
+/// `minor` units of `currency` as [`Money::decimal`] writes them, zero included: what is
+/// left of a budget, which may be nothing.
+pub fn decimal_minor(minor: i64, currency: Currency) -> String {
+    Money {
+        minor: minor.max(0),
+        currency,
+    }
+    .decimal()
+}
+
 impl fmt::Display for Money {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         write!(f, "{} {}", self.decimal(), self.currency.code)

@@ -483,3 +483,106 @@ mod crashes {
         assert_eq!(db.receipts("K-2").await, 1);
     }
 }
+
+/// With API keys: only a key with `approve` decides, a caller sees its own approvals and
+/// no one else's, and a key's own threshold goes before the setting's.
+mod with_keys {
+    use super::*;
+    use crate::auth::{Service, bearer};
+    use checkout::caller::{self, AuthMode, KeySpec, Scopes};
+
+    async fn key(s: &Service, name: &str, scopes: &str, above: Option<&str>) -> String {
+        let spec = KeySpec {
+            scopes: Scopes::parse(scopes).unwrap(),
+            approval_above: above.map(|a| PerCurrency::parse(a).unwrap()),
+            ..KeySpec::default()
+        };
+        bearer(
+            &caller::create_with(s.state.db(), name, &spec)
+                .await
+                .unwrap()
+                .key,
+        )
+    }
+
+    async fn post_as(s: &Service, auth: &str, path: &str) -> Reply {
+        post(
+            &client(),
+            &format!("{}{path}", s.url_base()),
+            &[("authorization", auth)],
+            None,
+        )
+        .await
+    }
+
+    // Seen failing: with `require(&caller, Scope::Approve)` taken out of approve, the
+    // shop's own key approved its checkout (200 where 403) and charged it.
+    both_backends!(
+        only_a_key_with_approve_decides_and_a_caller_sees_only_its_own,
+        |backend| async move {
+            let s = Service::start_with(backend, AuthMode::Required, with_approval).await;
+            let shop = key(&s, "shop", "checkout", None).await;
+            let other = key(&s, "other", "checkout", None).await;
+            let person = key(&s, "person", "approve", None).await;
+            let reply = s
+                .checkout_of("K-9", "500.00", &[("authorization", &shop)])
+                .await;
+            assert_eq!(reply.status, 202, "{}", reply.text());
+            let id = reply.json()["approval"]["id"].as_str().unwrap().to_owned();
+
+            let own = s
+                .get(&format!("/approvals/{id}"), &[("authorization", &shop)])
+                .await;
+            assert_eq!(own.status, 200, "{}", own.text());
+            let theirs = s
+                .get(&format!("/approvals/{id}"), &[("authorization", &other)])
+                .await;
+            assert_eq!(theirs.problem(404)["code"], "not_found");
+            let listed = s
+                .get("/approvals", &[("authorization", &other)])
+                .await
+                .json();
+            assert_eq!(listed["approvals"].as_array().unwrap().len(), 0);
+
+            for who in [&shop, &other] {
+                let refused = post_as(&s, who, &format!("/approvals/{id}/approve")).await;
+                assert_eq!(refused.problem(403)["code"], "forbidden");
+                let refused = post_as(&s, who, &format!("/approvals/{id}/deny")).await;
+                assert_eq!(refused.problem(403)["code"], "forbidden");
+            }
+            assert_eq!(s.db.receipts("K-9").await, 0);
+
+            let approved = post_as(&s, &person, &format!("/approvals/{id}/approve")).await;
+            assert_eq!(approved.status, 200, "{}", approved.text());
+            assert_eq!(s.db.receipts("K-9").await, 1);
+            let seen = s
+                .get(&format!("/approvals/{id}"), &[("authorization", &shop)])
+                .await;
+            assert_eq!(seen.json()["decidedBy"], "person");
+            assert_eq!(seen.json()["caller"], "shop");
+        }
+    );
+
+    // Seen failing: with the handler reading the setting's threshold only, the key's own
+    // USD:10.00 let a 50.00 checkout through (200 where 202).
+    both_backends!(
+        a_keys_own_threshold_goes_before_the_setting,
+        |backend| async move {
+            let s = Service::start_with(backend, AuthMode::Required, with_approval).await;
+            let strict = key(&s, "strict", "checkout", Some("USD:10.00")).await;
+            let loose = key(&s, "loose", "checkout", Some("USD:1000.00")).await;
+            let paused = s
+                .checkout_of("T-1", "50.00", &[("authorization", &strict)])
+                .await;
+            assert_eq!(paused.status, 202, "{}", paused.text());
+            let through = s
+                .checkout_of("T-2", "500.00", &[("authorization", &loose)])
+                .await;
+            assert_eq!(through.status, 200, "{}", through.text());
+            assert_eq!(
+                (s.db.receipts("T-1").await, s.db.receipts("T-2").await),
+                (0, 1)
+            );
+        }
+    );
+}

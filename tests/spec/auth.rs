@@ -13,21 +13,40 @@ use checkout::http::AppState;
 use tokio::sync::oneshot;
 
 /// The service in this process with `auth`, and a handle on its database.
-struct Service {
-    db: TestDb,
-    _model: checkout::model::scripted::ScriptedModel,
-    state: AppState,
+pub(crate) struct Service {
+    pub(crate) db: TestDb,
+    pub(crate) model: checkout::model::scripted::ScriptedModel,
+    pub(crate) state: AppState,
     base: String,
     http: reqwest::Client,
     _stop: oneshot::Sender<()>,
 }
 
 impl Service {
-    async fn start(backend: Backend, auth: AuthMode) -> Service {
-        let db = TestDb::new(backend).await;
+    pub(crate) async fn start(backend: Backend, auth: AuthMode) -> Service {
+        Service::start_with(backend, auth, |_| {}).await
+    }
+
+    /// As [`Service::start`], with the settings adjusted by `tune`, on a database of its
+    /// own.
+    pub(crate) async fn start_with(
+        backend: Backend,
+        auth: AuthMode,
+        tune: impl FnOnce(&mut checkout::config::Settings),
+    ) -> Service {
+        Service::on(TestDb::new(backend).await, auth, tune).await
+    }
+
+    /// As [`Service::start_with`], on `db` (prepared by the test).
+    pub(crate) async fn on(
+        db: TestDb,
+        auth: AuthMode,
+        tune: impl FnOnce(&mut checkout::config::Settings),
+    ) -> Service {
         let model = crate::common::scripted("").await;
         let mut settings = crate::common::test_settings(&db, &model);
         settings.server.auth = auth;
+        tune(&mut settings);
         let listener = tokio::net::TcpListener::bind(settings.server.listen)
             .await
             .expect("bind");
@@ -40,7 +59,7 @@ impl Service {
         }));
         Service {
             db,
-            _model: model,
+            model,
             state,
             base,
             http: crate::common::client(),
@@ -49,7 +68,7 @@ impl Service {
     }
 
     /// A new key named `name`, as `checkout api-keys create NAME` makes it.
-    async fn create_key(&self, name: &str) -> String {
+    pub(crate) async fn create_key(&self, name: &str) -> String {
         caller::create(self.state.db(), name).await.unwrap().key
     }
 
@@ -57,12 +76,26 @@ impl Service {
         caller::revoke(self.state.db(), name).await.unwrap()
     }
 
-    async fn checkout(&self, order: &str, headers: &[(&str, &str)]) -> Reply {
-        let url = format!("{}/checkout?orderId={order}&amount=42.50", self.base);
+    pub(crate) async fn checkout(&self, order: &str, headers: &[(&str, &str)]) -> Reply {
+        self.checkout_of(order, "42.50", headers).await
+    }
+
+    pub(crate) async fn checkout_of(
+        &self,
+        order: &str,
+        amount: &str,
+        headers: &[(&str, &str)],
+    ) -> Reply {
+        let url = format!("{}/checkout?orderId={order}&amount={amount}", self.base);
         crate::common::post(&self.http, &url, headers, None).await
     }
 
-    async fn get(&self, path: &str, headers: &[(&str, &str)]) -> Reply {
+    /// The service's base URL (`http://127.0.0.1:PORT`).
+    pub(crate) fn url_base(&self) -> &str {
+        &self.base
+    }
+
+    pub(crate) async fn get(&self, path: &str, headers: &[(&str, &str)]) -> Reply {
         let mut request = self.http.get(format!("{}{path}", self.base));
         for (name, value) in headers {
             request = request.header(*name, *value);
@@ -90,7 +123,7 @@ async fn until_keys_are_required(s: &Service) -> Duration {
     }
 }
 
-fn bearer(key: &str) -> String {
+pub(crate) fn bearer(key: &str) -> String {
     format!("Bearer {key}")
 }
 
@@ -445,19 +478,38 @@ async fn security_of(s: &Service) -> Vec<serde_json::Value> {
 
 /// The served document says what the running service does: while it is open, the Bearer
 /// key is optional (`security` lists `{}` beside the key); once a key exists (`auto`) it
-/// is required, and with `required` it always is.
+/// is required, and with `required` it always is. Each operation names the scope it needs:
+/// `approve` (or `checkout`, for its own) for the approvals, `approve` to decide one,
+/// `checkout` for POST /checkout and its operations; `checkout` (its own) or `read` for a
+/// receipt. In the document's order of paths.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_document_declares_the_key_optional_only_while_open() {
-    let optional = serde_json::json!([{ "api_key": [] }, {}]);
-    let required = serde_json::json!([{ "api_key": [] }]);
+    let checkout = serde_json::json!({ "api_key": ["checkout"] });
+    let read = serde_json::json!({ "api_key": ["read"] });
+    let approve = serde_json::json!({ "api_key": ["approve"] });
+    let needs = [
+        vec![&approve, &checkout],
+        vec![&approve, &checkout],
+        vec![&approve],
+        vec![&approve],
+        vec![&checkout],
+        vec![&checkout],
+        vec![&checkout, &read],
+    ];
+    let open = serde_json::json!({});
+    let optional: Vec<serde_json::Value> = needs
+        .iter()
+        .map(|n| serde_json::json!(n.iter().copied().chain([&open]).collect::<Vec<_>>()))
+        .collect();
+    let required: Vec<serde_json::Value> = needs.iter().map(|n| serde_json::json!(n)).collect();
     let s = Service::start(Backend::Sqlite, AuthMode::Auto).await;
-    assert_eq!(security_of(&s).await, vec![optional.clone(); 2]);
+    assert_eq!(security_of(&s).await, optional);
     s.create_key("shop").await;
     until_keys_are_required(&s).await;
-    assert_eq!(security_of(&s).await, vec![required.clone(); 2]);
+    assert_eq!(security_of(&s).await, required);
 
     let off = Service::start(Backend::Sqlite, AuthMode::Off).await;
-    assert_eq!(security_of(&off).await, vec![optional; 2]);
+    assert_eq!(security_of(&off).await, optional);
     let keyed = Service::start(Backend::Sqlite, AuthMode::Required).await;
-    assert_eq!(security_of(&keyed).await, vec![required; 2]);
+    assert_eq!(security_of(&keyed).await, required);
 }

@@ -399,14 +399,20 @@ async fn the_openapi_document_describes_every_field_and_error() {
     assert_eq!(
         statuses,
         [
-            "200", "400", "401", "402", "409", "413", "422", "429", "500", "502", "503", "504"
+            "200", "400", "401", "402", "403", "409", "413", "422", "429", "500", "502", "503",
+            "504"
         ]
     );
-    // The callers' endpoints name the API key scheme (Swagger UI's Authorize button),
-    // optional while the service is open (`{}`); health does not.
-    let open = serde_json::json!([{"api_key": []}, {}]);
-    assert_eq!(post["security"], open);
-    assert_eq!(doc["paths"]["/receipts/{orderId}"]["get"]["security"], open);
+    // The callers' endpoints name the API key scheme (Swagger UI's Authorize button) and
+    // the scope they need, optional while the service is open (`{}`); health does not.
+    assert_eq!(
+        post["security"],
+        serde_json::json!([{"api_key": ["checkout"]}, {}])
+    );
+    assert_eq!(
+        doc["paths"]["/receipts/{orderId}"]["get"]["security"],
+        serde_json::json!([{"api_key": ["checkout"]}, {"api_key": ["read"]}, {}])
+    );
     assert_eq!(
         doc["paths"]["/health/ready"]["get"]["security"],
         Value::Null

@@ -7,6 +7,7 @@ mod common;
 
 mod approvals;
 mod auth;
+mod budgets;
 mod crash;
 mod db_restart;
 mod email;
@@ -22,6 +23,7 @@ mod overload;
 mod process;
 mod provider;
 mod real_server_answers;
+mod scopes;
 mod store_contract;
 mod traces;
 mod workers;

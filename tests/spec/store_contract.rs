@@ -152,6 +152,7 @@ async fn contract(store: Arc<Receipts>, db: &TestDb) {
                 ids.insert(r.id);
             }
             ChargeOutcome::AmountConflict(r) => panic!("no conflict expected: {r:?}"),
+            ChargeOutcome::OverBudget(left) => panic!("no budget was set: {left:?}"),
         }
     }
     assert_eq!((created, existing, ids.len()), (1, 49, 1));

@@ -17,13 +17,14 @@ use utoipa::{IntoParams, ToSchema};
 use uuid::Uuid;
 
 use super::answer::HttpAnswer;
+use super::auth::require;
 use super::checkout::{self, rebuild};
 use super::error::{Code, Problem};
 use super::extract::Params;
 use super::idempotent;
 use super::state::AppState;
 use crate::approvals::{Approval, Decided, Status};
-use crate::caller::Caller;
+use crate::caller::{Caller, Scope};
 use crate::idempotency::Lease;
 use crate::payments::OperationKey;
 use crate::worker::{Worker, every};
@@ -35,12 +36,8 @@ use answers::{denied_answer, expired_answer, saved};
 pub(crate) use answers::{location_of, pause};
 
 /// Whether `caller` may see and decide every approval (scope `approve`).
-fn may_decide(_caller: &Caller) -> bool {
-    true
-}
-
-fn caller_of(caller: Option<Extension<Caller>>) -> Caller {
-    caller.map(|Extension(c)| c).unwrap_or_default()
+fn may_decide(caller: &Caller) -> bool {
+    caller.has(Scope::Approve)
 }
 
 fn not_found(id: &str) -> Response {
@@ -85,7 +82,7 @@ pub struct ApprovalList {
     summary = "Approvals, newest first",
     description = "Every caller's with scope `approve`; otherwise the caller's own.",
     params(ApprovalsQuery),
-    security(("api_key" = ["approve"])),
+    security(("api_key" = ["approve"]), ("api_key" = ["checkout"])),
     responses(
         (status = 200, description = "The approvals", body = ApprovalList),
         ApprovalErrors,
@@ -93,15 +90,14 @@ pub struct ApprovalList {
 )]
 pub async fn list(
     State(app): State<AppState>,
-    caller: Option<Extension<Caller>>,
+    Extension(caller): Extension<Caller>,
     Params(query): Params<ApprovalsQuery>,
 ) -> Response {
-    let caller = caller_of(caller);
     let limit = query.limit.unwrap_or(100);
     if !(1..=1000).contains(&limit) {
         return Problem::invalid("limit", "limit is from 1 to 1000").into_response();
     }
-    let own = (!may_decide(&caller)).then_some(caller.0.as_str());
+    let own = (!may_decide(&caller)).then_some(caller.name.as_str());
     match app.approvals().list(query.status, own, limit).await {
         Ok(found) => axum::Json(ApprovalList {
             approvals: found.iter().map(ApprovalView::from).collect(),
@@ -118,7 +114,7 @@ pub async fn list(
     summary = "One approval",
     description = "Scope `approve`, or the caller that asked for the checkout; anyone else's is 404.",
     params(("id" = String, Path, description = "The approval's id")),
-    security(("api_key" = ["approve"])),
+    security(("api_key" = ["approve"]), ("api_key" = ["checkout"])),
     responses(
         (status = 200, description = "The approval", body = ApprovalView),
         ApprovalErrors,
@@ -126,15 +122,14 @@ pub async fn list(
 )]
 pub async fn get(
     State(app): State<AppState>,
-    caller: Option<Extension<Caller>>,
+    Extension(caller): Extension<Caller>,
     Path(id): Path<String>,
 ) -> Response {
-    let caller = caller_of(caller);
     let Ok(uuid) = Uuid::parse_str(&id) else {
         return bad_id(&id);
     };
     match app.approvals().get(uuid).await {
-        Ok(Some(approval)) if may_decide(&caller) || approval.caller == caller.0 => {
+        Ok(Some(approval)) if may_decide(&caller) || approval.caller == caller.name => {
             axum::Json(ApprovalView::from(&approval)).into_response()
         }
         Ok(_) => not_found(&id),
@@ -157,15 +152,14 @@ pub async fn get(
 )]
 pub async fn approve(
     State(app): State<AppState>,
-    caller: Option<Extension<Caller>>,
+    Extension(caller): Extension<Caller>,
     Path(id): Path<String>,
 ) -> Response {
-    let caller = caller_of(caller);
     let Ok(uuid) = Uuid::parse_str(&id) else {
         return bad_id(&id);
     };
-    if !may_decide(&caller) {
-        return forbidden();
+    if let Some(refusal) = require(&caller, Scope::Approve) {
+        return refusal;
     }
     // The resumed loop runs here: it takes an admission slot like any checkout, before
     // anything is decided (a full instance decides nothing).
@@ -173,12 +167,12 @@ pub async fn approve(
         return app.admission().refusal().into_response();
     };
     let lease_for = app.settings().idempotency.lease;
-    let decided = app.approvals().approve(uuid, &caller.0, lease_for).await;
+    let decided = app.approvals().approve(uuid, &caller.name, lease_for).await;
     let (approval, lease) = match decided {
         Ok(Decided::Missing) => return not_found(&id),
         Ok(Decided::Now(approval, fence)) => {
             app.metrics().approval_decided("approved");
-            tracing::info!(approval = %approval.id, order = %approval.order_id, amount = %approval.amount, decided_by = %caller.0, "approval approved; resuming the checkout from its journal");
+            tracing::info!(approval = %approval.id, order = %approval.order_id, amount = %approval.amount, decided_by = %caller.name, "approval approved; resuming the checkout from its journal");
             let lease = fence.map(|fence| Lease {
                 caller: approval.caller.clone(),
                 key: approval.operation_key.clone(),
@@ -240,12 +234,17 @@ async fn finish(
                     .into_response();
                 }
             };
+            // The checkout is its asker's: its budget applies, as to its first run.
+            let owner = match crate::caller::named(app.db(), &caller).await {
+                Ok(owner) => owner,
+                Err(err) => return unavailable(err),
+            };
             let fence = Some(lease.fence);
             let work = {
                 let app = app.clone();
                 async move {
                     let _slot = slot;
-                    checkout::run(&app, request, operation_key, &caller, fence).await
+                    checkout::run(&app, request, operation_key, &owner, fence).await
                 }
             };
             return idempotent::resume(app, lease, work).await.into_response();
@@ -293,14 +292,6 @@ fn operation_gone(approval: &Approval) -> Response {
     .into_response()
 }
 
-fn forbidden() -> Response {
-    Problem::new(
-        Code::Forbidden,
-        "deciding approvals needs an API key with the scope approve",
-    )
-    .into_response()
-}
-
 fn decided_other_way(approval: &Approval) -> Response {
     Problem::new(
         Code::ApprovalDecided,
@@ -339,11 +330,10 @@ pub struct DenyBody {
 )]
 pub async fn deny(
     State(app): State<AppState>,
-    caller: Option<Extension<Caller>>,
+    Extension(caller): Extension<Caller>,
     Path(id): Path<String>,
     body: Bytes,
 ) -> Response {
-    let caller = caller_of(caller);
     let Ok(uuid) = Uuid::parse_str(&id) else {
         return bad_id(&id);
     };
@@ -364,12 +354,12 @@ pub async fn deny(
     if reason.as_ref().is_some_and(|r| r.chars().count() > 500) {
         return Problem::invalid("reason", "reason is at most 500 characters").into_response();
     }
-    if !may_decide(&caller) {
-        return forbidden();
+    if let Some(refusal) = require(&caller, Scope::Approve) {
+        return refusal;
     }
     let decided = app
         .approvals()
-        .deny(uuid, &caller.0, reason.as_deref(), |a| {
+        .deny(uuid, &caller.name, reason.as_deref(), |a| {
             saved(&denied_answer(a))
         })
         .await;
@@ -377,7 +367,7 @@ pub async fn deny(
         Ok(Decided::Missing) => not_found(&id),
         Ok(Decided::Now(approval, _)) => {
             app.metrics().approval_decided("denied");
-            tracing::info!(approval = %approval.id, order = %approval.order_id, amount = %approval.amount, decided_by = %caller.0, reason = approval.reason.as_deref().unwrap_or_default(), "approval denied; nothing charged");
+            tracing::info!(approval = %approval.id, order = %approval.order_id, amount = %approval.amount, decided_by = %caller.name, reason = approval.reason.as_deref().unwrap_or_default(), "approval denied; nothing charged");
             axum::Json(ApprovalView::from(&approval)).into_response()
         }
         Ok(Decided::Before(approval)) => match approval.status {

@@ -6,7 +6,8 @@ use std::collections::BTreeMap;
 use utoipa::IntoResponses;
 use utoipa::openapi::{RefOr, Response as DocResponse};
 
-use crate::caller::AuthRefusal;
+use crate::caller::{AuthRefusal, Scope};
+use crate::http::auth::forbidden;
 use crate::http::error::{Code, Problem, documented};
 
 /// The error answers of `POST /checkout`, each status with an example of each code.
@@ -84,6 +85,14 @@ impl IntoResponses for CheckoutErrors {
         provider_error.body.layer = Some("loop retry".to_owned());
         provider_error.body.order_charged = Some(None);
         provider_error.body.charged = Some(None);
+        let mut over_budget = Problem::new(
+            Code::BudgetExceeded,
+            "charging 42.50 USD for order A-100 would pass this caller's budget for today (UTC): 20.00 USD of 100.00 USD is left; nothing was charged",
+        );
+        over_budget.body.attempts = Some(1);
+        over_budget.body.order_charged = Some(Some(false));
+        over_budget.body.charged = Some(Some(false));
+        over_budget.body.budget_left = Some("20.00".to_owned());
         documented([
             (
                 "Invalid input (`invalid_request`, with `field`); nothing was charged",
@@ -102,6 +111,10 @@ impl IntoResponses for CheckoutErrors {
             (
                 "`unauthorized`: no valid API key (see WWW-Authenticate); nothing was charged",
                 vec![Problem::unauthorized(AuthRefusal::Missing)],
+            ),
+            (
+                "`forbidden`: the API key lacks the scope `checkout`; `budget_exceeded`: the charge would pass the caller's budget for the UTC day (CHECKOUT_BUDGET_PER_DAY, or the key's own), with what is left in `budgetLeft`. Nothing was charged",
+                vec![forbidden(Scope::Checkout), over_budget],
             ),
             (
                 "`payment_declined`: the payment provider declined the payment (with its `declineCode`); `payment_requires_action`: the provider waits for the customer (3-D Secure, not completed by this service). Nothing was charged",

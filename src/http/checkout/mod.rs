@@ -18,10 +18,11 @@ use axum::extract::{Extension, State};
 use axum::response::{IntoResponse, Response};
 
 use crate::assistant::CheckoutContext;
-use crate::caller::Caller;
+use crate::caller::{Caller, Scope};
 use crate::http::admission::Slot;
 use crate::http::answer::HttpAnswer;
 use crate::http::approvals;
+use crate::http::auth::require;
 use crate::http::error::Code;
 use crate::http::extract::{NoBody, Params};
 use crate::http::idempotent::{self, IdempotencyKey};
@@ -35,9 +36,9 @@ use crate::payments::OperationKey;
     path = "/checkout",
     tag = "checkout",
     summary = "Charge an order through the checkout assistant",
-    description = "Runs the assistant loop: the model calls the `charge` tool, the gateway charges the order once (keyed by the order id), the model confirms. The order is given once, as query parameters; the operation reads no body (a body is refused with 400, or 413 over the body limit). Send `Accept: text/plain` for the confirmation sentence alone.",
+    description = "Runs the assistant loop: the model calls the `charge` tool, the gateway charges the order once (keyed by the order id), the model confirms. The order is given once, as query parameters; the operation reads no body (a body is refused with 400, or 413 over the body limit). Send `Accept: text/plain` for the confirmation sentence alone. Needs the API key scope `checkout`.",
     params(CheckoutQuery, IdempotencyKey),
-    security(("api_key" = [])),
+    security(("api_key" = ["checkout"])),
     responses(
         (status = 200, description = "The order is charged (now, or by an earlier operation)", content(
             (CheckoutResponse = "application/json"),
@@ -48,12 +49,15 @@ use crate::payments::OperationKey;
 )]
 pub async fn checkout(
     State(app): State<AppState>,
-    caller: Option<Extension<Caller>>,
+    Extension(caller): Extension<Caller>,
     format: Format,
     IdempotencyKey(client_key): IdempotencyKey,
     Params(mut query): Params<CheckoutQuery>,
     _: NoBody,
 ) -> Response {
+    if let Some(refusal) = require(&caller, Scope::Checkout) {
+        return refusal;
+    }
     let needs_method = app.gateway().needs_payment_method();
     let email = recipient(query.email.take());
     let checked = order(query, app.settings().payments.max_amount, needs_method)
@@ -65,16 +69,11 @@ pub async fn checkout(
             return problem.into_response();
         }
     };
-    // The operation is its caller's, keyed or not: a receipt records who paid.
-    let caller = caller.map(|Extension(c)| c.0).unwrap_or_default();
     // Above the caller's threshold the charge waits for a person: decided here, from the
     // order the client authorized, and kept with the request for every resume.
     let amount = order.amount();
-    let needs_approval = app
-        .settings()
-        .payments
-        .approval_above
-        .get(amount.currency())
+    let needs_approval = caller
+        .approval_above(&app.settings().payments, amount.currency())
         .is_some_and(|above| amount.minor() > above.minor());
     let request = CheckoutRequest {
         order,
@@ -100,7 +99,14 @@ pub async fn checkout(
             };
             // Boxed, like the failure path: a handler future is as large as its largest
             // branch, and thousands of checkouts wait at once.
-            Box::pin(idempotent::once(&app, &caller, &key, &fingerprint, work)).await
+            Box::pin(idempotent::once(
+                &app,
+                &caller.name,
+                &key,
+                &fingerprint,
+                work,
+            ))
+            .await
         }
         None => {
             let Some(slot) = app.admission().try_admit() else {
@@ -123,7 +129,7 @@ pub(crate) async fn run(
     app: &AppState,
     request: CheckoutRequest,
     operation_key: OperationKey,
-    caller: &str,
+    caller: &Caller,
     fence: Option<i64>,
 ) -> HttpAnswer {
     let CheckoutRequest {
@@ -132,7 +138,9 @@ pub(crate) async fn run(
         format,
         needs_approval,
     } = request;
-    let mut ctx = CheckoutContext::new(order, email, operation_key, caller, fence);
+    let budget = caller.budget_per_day(&app.settings().payments, order.amount().currency());
+    let mut ctx =
+        CheckoutContext::new(order, email, operation_key, &caller.name, fence).with_budget(budget);
     if needs_approval {
         ctx = ctx.needing_approval();
     }

@@ -16,6 +16,7 @@ use crate::http::receipts::ReceiptView;
 use crate::http::state::AppState;
 use crate::outbox::Confirmation;
 use crate::payments::ChargeError;
+use crate::payments::store::BudgetLeft;
 
 /// A confirmed checkout.
 #[derive(Serialize, ToSchema)]
@@ -167,6 +168,7 @@ impl From<&FailureKind> for Code {
     fn from(kind: &FailureKind) -> Code {
         match kind.charge_error() {
             Some(ChargeError::AmountConflict { .. }) => return Code::AmountConflict,
+            Some(ChargeError::BudgetExceeded(_)) => return Code::BudgetExceeded,
             Some(ChargeError::Declined { .. }) => return Code::PaymentDeclined,
             Some(ChargeError::RequiresAction { .. }) => return Code::PaymentRequiresAction,
             Some(ChargeError::Provider(_) | ChargeError::NoPaymentMethod) => {
@@ -205,6 +207,21 @@ fn amount_conflict(err: &CheckoutError) -> Problem {
     problem
 }
 
+/// 403 `budget_exceeded`: what is left of the caller's budget today, nothing charged.
+pub(crate) fn over_budget(ctx: &CheckoutContext, left: BudgetLeft, attempts: u32) -> Problem {
+    let problem = Problem::new(
+        Code::BudgetExceeded,
+        format!(
+            "charging {} for order {} would pass this caller's budget for today (UTC): {left} is left; nothing was charged",
+            ctx.order().amount(),
+            ctx.order().id()
+        ),
+    );
+    let mut problem = not_charged(problem, None, attempts);
+    problem.body.budget_left = Some(left.decimal());
+    problem
+}
+
 /// The payment provider ended the attempt without charging.
 fn not_charged(mut problem: Problem, payment_id: Option<String>, attempts: u32) -> Problem {
     let body = &mut problem.body;
@@ -228,6 +245,13 @@ pub(super) async fn failure(app: &AppState, ctx: &CheckoutContext, err: Checkout
         output_tokens = usage.output_tokens,
         "checkout failed"
     );
+    // A charge refused over the budget, and the model then (rightly) not charging: the
+    // refusal is the answer.
+    if let Some(left) = ctx.over_budget()
+        && ctx.charge_status() == ChargeStatus::NotCharged
+    {
+        return over_budget(ctx, left, err.attempts);
+    }
     let code = Code::from(&err.kind);
     // The refusals answer from the failure alone; the rest ask the database what it holds.
     match (code, err.kind.charge_error()) {

@@ -44,6 +44,16 @@ fn charged(chat: &ChatRequest) -> Option<serde_json::Value> {
     })
 }
 
+/// Whether a charge was refused for passing the caller's budget: charging again would
+/// not change that.
+fn over_budget(chat: &ChatRequest) -> bool {
+    chat.messages.iter().any(|m| match m {
+        Message::Tool { content, .. } => serde_json::from_str::<serde_json::Value>(content)
+            .is_ok_and(|v| v.get("budgetLeft").is_some()),
+        _ => false,
+    })
+}
+
 /// Whether the conversation offers `send_confirmation` (the request named an address).
 fn confirmation_offered(chat: &ChatRequest) -> bool {
     chat.tools.iter().any(|tool| tool.function.name == CONFIRM)
@@ -145,6 +155,14 @@ pub(super) fn assistant_answer(
                     },
                 );
                 return completion(Some(&text), vec![]);
+            }
+            None if over_budget(chat) => {
+                return completion(
+                    Some(
+                        "I could not take the payment: it would pass today's spending budget. Nothing was charged.",
+                    ),
+                    vec![],
+                );
             }
             None => vec![call(charge_args(&asked.order, &asked.amount))],
         },

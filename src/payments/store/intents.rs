@@ -4,6 +4,8 @@
 //! Every statement is one text for both databases.
 
 use super::super::keys::OrderId;
+use super::super::money::{Currency, Money};
+use super::budgets::{self, BudgetLeft, Reservation};
 use crate::db::{Conn, Database, StoreError, on_conn};
 
 /// What an attempt is waiting for, or how it ended.
@@ -70,6 +72,8 @@ pub struct Intent {
     pub decline_code: Option<String>,
     /// How long ago it was committed, by the database's clock.
     pub age_ms: i64,
+    /// The day its amount was reserved from its caller's budget on; `None`: no budget.
+    pub budget_day: Option<i64>,
 }
 
 impl Intent {
@@ -93,6 +97,7 @@ struct Row {
     provider_payment_id: Option<String>,
     decline_code: Option<String>,
     age_ms: i64,
+    budget_day: Option<i64>,
 }
 
 impl Row {
@@ -110,6 +115,7 @@ impl Row {
             provider_payment_id: self.provider_payment_id,
             decline_code: self.decline_code,
             age_ms: self.age_ms,
+            budget_day: self.budget_day,
         })
     }
 }
@@ -117,20 +123,24 @@ impl Row {
 const LATEST: &str = "\
     SELECT order_id, attempt, amount_minor, currency, payment_method, provider_key, \
     operation_key, caller, status, provider_payment_id, decline_code, \
-    CAST((SELECT now_ms FROM clock) - created_ms AS BIGINT) AS age_ms \
+    CAST((SELECT now_ms FROM clock) - created_ms AS BIGINT) AS age_ms, budget_day \
     FROM payment_intents WHERE order_id = $1 ORDER BY attempt DESC LIMIT 1";
 
 /// (`WHERE true`: SQLite reads `ON CONFLICT` after a bare `FROM` as a join constraint.)
 const CREATE: &str = "\
     INSERT INTO payment_intents (order_id, attempt, amount_minor, currency, payment_method, \
-    provider_key, operation_key, caller, status, created_ms) \
-    SELECT $1, $2, $3, $4, $5, $6, $7, $8, 'pending', now_ms FROM clock WHERE true \
+    provider_key, operation_key, caller, status, created_ms, budget_day) \
+    SELECT $1, $2, $3, $4, $5, $6, $7, $8, 'pending', now_ms, $9 FROM clock WHERE true \
     ON CONFLICT (order_id, attempt) DO NOTHING";
 
 const SETTLE: &str = "\
     UPDATE payment_intents SET status = $3, \
     provider_payment_id = COALESCE($4, provider_payment_id), decline_code = $5 \
     WHERE order_id = $1 AND attempt = $2 AND status IN ('pending', 'requires_action')";
+
+/// A budget's day is its own first: a new attempt (nothing reserved yet) has none.
+const SET_BUDGET_DAY: &str =
+    "UPDATE payment_intents SET budget_day = $3 WHERE order_id = $1 AND attempt = $2";
 
 /// The payment provider's attempts, in the service's database.
 #[derive(Clone, Debug)]
@@ -156,7 +166,45 @@ impl Intents {
         create(conn.conn(), intent).await
     }
 
-    /// Records what the provider answered for an open attempt.
+    /// [`Self::create`] for a caller with a budget: the attempt and its amount reserved
+    /// from the budget `limit` in one transaction; over it, nothing written. An attempt
+    /// another run committed first reserves nothing (it reserved its own).
+    pub async fn create_within(
+        &self,
+        intent: &mut Intent,
+        limit: Money,
+    ) -> Result<Result<bool, BudgetLeft>, StoreError> {
+        let amount = intent_amount(intent)?;
+        let mut pooled = self.db.acquire().await?;
+        on_conn!(pooled.conn(), c => {
+            let mut tx = sqlx::Connection::begin(c).await?;
+            if !create(Conn::from(&mut *tx), &*intent).await? {
+                tx.rollback().await?;
+                return Ok(Ok(false));
+            }
+            match budgets::reserve(Conn::from(&mut *tx), &intent.caller, amount, limit).await? {
+                Reservation::Reserved { day } => {
+                    sqlx::query(SET_BUDGET_DAY)
+                        .bind(&intent.order_id)
+                        .bind(intent.attempt)
+                        .bind(day)
+                        .execute(&mut *tx)
+                        .await?;
+                    tx.commit().await?;
+                    intent.budget_day = Some(day);
+                    Ok(Ok(true))
+                }
+                Reservation::Refused(left) => {
+                    tx.rollback().await?;
+                    Ok(Err(left))
+                }
+            }
+        })
+    }
+
+    /// Records what the provider answered for an open attempt. One that ended without a
+    /// charge (declined, absent) gives back what it reserved of its caller's budget, in
+    /// the same transaction.
     pub async fn settle(
         &self,
         intent: &Intent,
@@ -165,8 +213,28 @@ impl Intents {
         decline_code: Option<&str>,
     ) -> Result<(), StoreError> {
         let mut conn = self.db.acquire().await?;
-        settle(conn.conn(), intent, status, payment_id, decline_code).await
+        let gives_back = matches!(status, IntentStatus::Declined | IntentStatus::Absent);
+        let Some(day) = intent.budget_day.filter(|_| gives_back) else {
+            settle(conn.conn(), intent, status, payment_id, decline_code).await?;
+            return Ok(());
+        };
+        let amount = intent_amount(intent)?;
+        on_conn!(conn.conn(), c => {
+            let mut tx = sqlx::Connection::begin(c).await?;
+            // Only the run that ends the attempt gives its amount back.
+            if settle(Conn::from(&mut *tx), intent, status, payment_id, decline_code).await? {
+                budgets::release(Conn::from(&mut *tx), &intent.caller, amount, day).await?;
+            }
+            tx.commit().await?;
+        });
+        Ok(())
     }
+}
+
+fn intent_amount(intent: &Intent) -> Result<Money, StoreError> {
+    let corrupt = |e: String| StoreError::Corrupt(format!("intent {}: {e}", intent.provider_key));
+    let currency = Currency::parse(&intent.currency).map_err(|e| corrupt(e.to_string()))?;
+    Money::from_minor(intent.amount_minor, currency).map_err(|e| corrupt(e.to_string()))
 }
 
 /// The order's latest attempt, if it has one.
@@ -190,28 +258,30 @@ async fn create(conn: Conn<'_>, intent: &Intent) -> Result<bool, StoreError> {
         .bind(&intent.provider_key)
         .bind(&intent.operation_key)
         .bind(&intent.caller)
+        .bind(intent.budget_day)
         .execute(c)
         .await?
         .rows_affected());
     Ok(made == 1)
 }
 
-/// Records an open attempt's outcome (an ended one keeps its own).
+/// Records an open attempt's outcome (an ended one keeps its own); false when it had
+/// ended already.
 async fn settle(
     conn: Conn<'_>,
     intent: &Intent,
     status: IntentStatus,
     payment_id: Option<&str>,
     decline_code: Option<&str>,
-) -> Result<(), StoreError> {
-    on_conn!(conn, c => sqlx::query(SETTLE)
+) -> Result<bool, StoreError> {
+    let changed = on_conn!(conn, c => sqlx::query(SETTLE)
         .bind(&intent.order_id)
         .bind(intent.attempt)
         .bind(status.as_str())
         .bind(payment_id)
         .bind(decline_code)
         .execute(c)
-        .await
-        .map(drop)?);
-    Ok(())
+        .await?
+        .rows_affected());
+    Ok(changed == 1)
 }

@@ -5,9 +5,11 @@
 //! charges that arrive with it, by a group writer), then a read of the winner when the
 //! insert lost: the database, not Rust code, decides which of two racing charges counts.
 
+pub mod budgets;
 pub mod intents;
 pub mod receipts;
 
+pub use budgets::BudgetLeft;
 pub use intents::{Intent, IntentStatus, Intents};
 pub use receipts::Receipt;
 
@@ -15,8 +17,10 @@ use chrono::{SubsecRound, Utc};
 use uuid::Uuid;
 
 use super::keys::{Charge, OrderId};
-use crate::db::{Database, GroupWriter, StoreError};
+use crate::db::{Conn, Database, GroupWriter, StoreError, on_conn};
 use crate::journal::NewEntry;
+use crate::payments::money::Money;
+use budgets::Reservation;
 use receipts::{ChargeRow, Charges};
 
 /// What a charge did.
@@ -28,6 +32,8 @@ pub enum ChargeOutcome {
     Existing(Receipt),
     /// The order was already charged for another amount; nothing changed.
     AmountConflict(Receipt),
+    /// The charge would pass its caller's budget for the day: nothing was written.
+    OverBudget(BudgetLeft),
 }
 
 /// The receipts of the service's database, with the task that commits charges in groups
@@ -73,7 +79,17 @@ impl Receipts {
             provider_payment_id: provider_payment_id.map(str::to_owned),
         };
         let entries = journal(&receipt);
-        if let Some(receipt) = self.writer.write(ChargeRow { receipt, entries }).await? {
+        let row = ChargeRow { receipt, entries };
+        // Only a charge with a budget takes the transaction; without one, the group
+        // writer as ever. Boxed: its future stays out of every other charge's.
+        let made = match charge.budget() {
+            Some(limit) => match Box::pin(self.charge_within(row, limit)).await? {
+                Ok(made) => made,
+                Err(left) => return Ok(ChargeOutcome::OverBudget(left)),
+            },
+            None => self.writer.write(row).await?,
+        };
+        if let Some(receipt) = made {
             return Ok(ChargeOutcome::Created(receipt));
         }
         // The insert lost to an earlier or concurrent charge. Under READ COMMITTED this
@@ -93,5 +109,45 @@ impl Receipts {
     pub async fn receipt(&self, order: &OrderId) -> Result<Option<Receipt>, StoreError> {
         let mut conn = self.db.acquire().await?;
         receipts::find(conn.conn(), order).await
+    }
+
+    /// One transaction: the receipt (and its journal entries); if it went in (the order
+    /// was not charged before: a retry reserves nothing again), the amount reserved from
+    /// the caller's budget `limit`; over it, rolled back, nothing written. The receipt's
+    /// row is locked before the budget's, in every transaction of every instance, so two
+    /// of them cannot deadlock.
+    async fn charge_within(
+        &self,
+        row: ChargeRow,
+        limit: Money,
+    ) -> Result<Result<Option<Receipt>, BudgetLeft>, StoreError> {
+        let mut pooled = self.db.acquire().await?;
+        on_conn!(pooled.conn(), c => {
+            let mut tx = sqlx::Connection::begin(c).await?;
+            let made = receipts::insert(Conn::from(&mut *tx), std::slice::from_ref(&row))
+                .await?
+                .pop();
+            let Some(receipt) = made else {
+                tx.rollback().await?;
+                return Ok(Ok(None));
+            };
+            let reserved = budgets::reserve(
+                Conn::from(&mut *tx),
+                &receipt.caller,
+                receipt.amount,
+                limit,
+            )
+            .await?;
+            match reserved {
+                Reservation::Reserved { .. } => {
+                    tx.commit().await?;
+                    Ok(Ok(Some(receipt)))
+                }
+                Reservation::Refused(left) => {
+                    tx.rollback().await?;
+                    Ok(Err(left))
+                }
+            }
+        })
     }
 }
