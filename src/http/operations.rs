@@ -20,9 +20,12 @@ use crate::caller::{AuthRefusal, Caller};
 /// The error answers of `GET /operations/{operationKey}`.
 pub struct OperationErrors;
 
+/// A saved answer is any the checkout gives, errors included (a denial's 403, an expiry's
+/// 410, an amount conflict's 409, …): the checkout's, and the look-up's own.
 impl IntoResponses for OperationErrors {
     fn responses() -> BTreeMap<String, RefOr<DocResponse>> {
-        documented([
+        let mut responses = super::checkout::CheckoutErrors::responses();
+        responses.extend(documented([
             (
                 "`unauthorized`: no valid API key (see WWW-Authenticate)",
                 vec![Problem::unauthorized(AuthRefusal::Missing)],
@@ -41,7 +44,8 @@ impl IntoResponses for OperationErrors {
                     .retry_after(1),
                 ],
             ),
-        ])
+        ]));
+        responses
     }
 }
 
@@ -58,6 +62,7 @@ pub struct RunningResponse {
 #[utoipa::path(
     get,
     path = "/operations/{operationKey}",
+    operation_id = "getOperation",
     tag = "checkout",
     summary = "Where an operation stands",
     description = "The caller's own operation (its Idempotency-Key, or the key the service minted and answered): 202 `requires_approval` while it waits for a person, 202 `running` while it runs, else its saved answer with its status. Nothing is run.",

@@ -78,6 +78,7 @@ pub struct ApprovalList {
 #[utoipa::path(
     get,
     path = "/approvals",
+    operation_id = "listApprovals",
     tag = "approvals",
     summary = "Approvals, newest first",
     description = "Every caller's with scope `approve`; otherwise the caller's own.",
@@ -110,10 +111,11 @@ pub async fn list(
 #[utoipa::path(
     get,
     path = "/approvals/{id}",
+    operation_id = "getApproval",
     tag = "approvals",
     summary = "One approval",
     description = "Scope `approve`, or the caller that asked for the checkout; anyone else's is 404.",
-    params(("id" = String, Path, description = "The approval's id")),
+    params(("id" = uuid::Uuid, Path, description = "The approval's id (a UUID)")),
     security(("api_key" = ["approve"]), ("api_key" = ["checkout"])),
     responses(
         (status = 200, description = "The approval", body = ApprovalView),
@@ -140,10 +142,11 @@ pub async fn get(
 #[utoipa::path(
     post,
     path = "/approvals/{id}/approve",
+    operation_id = "approveApproval",
     tag = "approvals",
     summary = "Approve a paused checkout, and finish it",
     description = "Scope `approve`. The first decision wins: the checkout resumes from its journal with the keys its first request minted, charges once, and this answers its 200 (the same body as POST /checkout). Repeated: the same answer. After a denial: 409 `approval_decided`; after the expiry: 410 `approval_expired`.",
-    params(("id" = String, Path, description = "The approval's id")),
+    params(("id" = uuid::Uuid, Path, description = "The approval's id (a UUID)")),
     security(("api_key" = ["approve"])),
     responses(
         (status = 200, description = "The checkout's answer", body = checkout::CheckoutResponse),
@@ -317,10 +320,11 @@ pub struct DenyBody {
 #[utoipa::path(
     post,
     path = "/approvals/{id}/deny",
+    operation_id = "denyApproval",
     tag = "approvals",
     summary = "Deny a paused checkout",
     description = "Scope `approve`. Nothing is charged and the model is not asked again; the operation's answer becomes 403 `approval_denied` with the reason. Repeated: the same answer. After an approval: 409 `approval_decided`; after the expiry: 410 `approval_expired`.",
-    params(("id" = String, Path, description = "The approval's id")),
+    params(("id" = uuid::Uuid, Path, description = "The approval's id (a UUID)")),
     request_body(content = Option<DenyBody>, content_type = "application/json"),
     security(("api_key" = ["approve"])),
     responses(
@@ -340,8 +344,9 @@ pub async fn deny(
     let reason = if body.is_empty() {
         None
     } else {
-        match serde_json::from_slice::<DenyBody>(&body) {
-            Ok(DenyBody { reason }) => reason,
+        // `null` is no body, as the document's optional body says.
+        match serde_json::from_slice::<Option<DenyBody>>(&body) {
+            Ok(body) => body.and_then(|b| b.reason),
             Err(err) => {
                 return Problem::invalid(
                     "body",
