@@ -11,6 +11,7 @@ use axum::Router;
 use tokio::net::TcpListener;
 use tokio::sync::oneshot;
 
+use crate::approvals::Approvals;
 use crate::assistant::{self, AgentLoop, Assistant, LoopLimits, Memory, ToolBox};
 use crate::caller::{self, AuthMode};
 use crate::config::{ModelSource, Settings};
@@ -127,7 +128,13 @@ impl App {
         let outbox = Outbox::new(&db, settings.mail.from.clone());
         let records = Records::new(&db);
         let transport = MailTransport::new(&settings.mail).map_err(StartError::Mail)?;
-        let tools = ToolBox::new(gateway.clone(), outbox.clone(), metrics.clone());
+        let approvals = Approvals::new(&db, settings.payments.approval_ttl);
+        let tools = ToolBox::new(
+            gateway.clone(),
+            outbox.clone(),
+            approvals.clone(),
+            metrics.clone(),
+        );
         let agent = AgentLoop::new(chain.clone(), tools, memory, limits);
         let assistant = Assistant::new(
             agent,
@@ -188,6 +195,7 @@ impl App {
             gateway,
             outbox,
             records,
+            approvals,
             assistant,
             model: info,
             metrics,
@@ -198,6 +206,7 @@ impl App {
         if recovering {
             workers.spawn(http::recovery::Recovery(state.clone()));
         }
+        workers.spawn(http::approvals::ApprovalSweep(state.clone()));
         Ok(App {
             state,
             scripted,

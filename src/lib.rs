@@ -8,6 +8,7 @@
 //! [`outbox`] (the confirmation email). [`app`] wires them once.
 
 pub mod app;
+pub mod approvals;
 pub mod assistant;
 pub mod caller;
 pub mod config;

@@ -28,6 +28,7 @@ use metrics_exporter_prometheus::{
     Matcher, PrometheusBuilder, PrometheusHandle, PrometheusRecorder,
 };
 
+mod approvals;
 mod breaker;
 mod genai;
 
@@ -131,9 +132,16 @@ const IN_FLIGHT_LIMIT: Def = Def {
 };
 
 /// Gauges: described and registered apart from the counters and histograms.
-const GAUGES: &[&Def] = &[&IN_FLIGHT, &IN_FLIGHT_LIMIT, &breaker::STATE];
+const GAUGES: &[&Def] = &[
+    &IN_FLIGHT,
+    &IN_FLIGHT_LIMIT,
+    &breaker::STATE,
+    &approvals::PENDING,
+];
 
 const CATALOGUE: &[&Def] = &[
+    &approvals::DECIDED,
+    &approvals::ASKED,
     &REFUSALS,
     &breaker::TRANSITIONS,
     &breaker::REFUSED,
@@ -305,6 +313,7 @@ impl Metrics {
         for kind in ["input", "output"] {
             metrics.counter(&JOURNAL_TOKENS_SAVED, &[("type", kind)], 0);
         }
+        metrics.approvals_start();
         metrics
     }
 

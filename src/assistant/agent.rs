@@ -11,7 +11,7 @@ use tower::{BoxError, Service};
 use tracing::Instrument;
 
 use super::context::{CheckoutContext, LoopRequest, Usage};
-use super::error::{CheckoutError, FailureKind};
+use super::error::{CheckoutError, FailureKind, ToolFailure};
 use super::memory::{self, Memory};
 use super::prompts;
 use super::tools::ToolBox;
@@ -254,7 +254,18 @@ impl Inner {
                             entries.extend(self.memory.tool(ctx, step, &call, content));
                             entries
                         });
-                        let output = Box::pin(self.tools.dispatch(ctx, &call, entries)).await?;
+                        let output = match Box::pin(self.tools.dispatch(ctx, &call, entries)).await
+                        {
+                            Ok(output) => output,
+                            // The loop stops for a person: the answer that asked for the
+                            // charge is journaled, so that the approved run replays it and
+                            // runs the charge, not the model again.
+                            Err(stop @ ToolFailure::Approval(_)) => {
+                                self.memory.remember(ctx, pending).await?;
+                                return Err(stop.into());
+                            }
+                            Err(err) => return Err(err.into()),
+                        };
                         if !output.journaled {
                             pending.extend(self.memory.tool(
                                 ctx,

@@ -41,6 +41,9 @@ struct Inner {
     kept: Mutex<Vec<Entry>>,
     /// The models that answered (replayed answers too), in order of first use.
     models: Mutex<Vec<String>>,
+    /// The charge waits for a person's approval: the order's amount is above the caller's
+    /// threshold, as the handler found when it took the request.
+    needs_approval: bool,
     /// The caller's budget for the day in the order's currency (`None`: no budget),
     /// resolved by the handler from its API key and the settings.
     budget: Option<Money>,
@@ -94,8 +97,23 @@ impl CheckoutContext {
             usage: Mutex::new(Usage::default()),
             kept: Mutex::new(Vec::new()),
             models: Mutex::new(Vec::new()),
+            needs_approval: false,
             budget: None,
         }))
+    }
+
+    /// The same checkout, its charge waiting for a person's approval. Set by the handler
+    /// before anything runs, never by the loop.
+    pub fn needing_approval(mut self) -> Self {
+        Arc::get_mut(&mut self.0)
+            .expect("set before the context is shared")
+            .needs_approval = true;
+        self
+    }
+
+    /// Whether the charge waits for a person's approval.
+    pub fn needs_approval(&self) -> bool {
+        self.0.needs_approval
     }
 
     /// Within the caller's budget for the day, in the order's currency (`None`: none).

@@ -4,6 +4,7 @@ use std::time::Duration;
 
 use tower::BoxError;
 
+use crate::approvals::Approval;
 use crate::db::StoreError;
 use crate::model::{ModelError, ModelErrorKind};
 use crate::outbox::QueueError;
@@ -18,6 +19,13 @@ pub enum ToolFailure {
     Charge(#[from] ChargeError),
     #[error("cannot queue the confirmation: {0}")]
     Outbox(#[from] QueueError),
+    /// The charge waits for a person: the operation has no approval yet, or one that is
+    /// pending, denied or expired (`Some`). The loop stops, nothing charged, its journal
+    /// kept.
+    #[error("the charge needs a person's approval ({})", .0.as_ref().map_or("none yet", |a| a.status.as_str()))]
+    Approval(Option<Box<Approval>>),
+    #[error("cannot read or record the charge's approval: {0}")]
+    Approvals(#[source] StoreError),
 }
 
 /// A checkout that did not end in a confirmed charge, after the loop retry had its say.
@@ -106,6 +114,14 @@ impl FailureKind {
             },
             FailureKind::Tool(ToolFailure::Outbox(QueueError::Store(_))) => "database",
             FailureKind::Tool(ToolFailure::Outbox(QueueError::Render(_))) => "render",
+            FailureKind::Tool(ToolFailure::Approval(approval)) => {
+                match approval.as_ref().map(|a| a.status) {
+                    Some(crate::approvals::Status::Denied) => "approval_denied",
+                    Some(crate::approvals::Status::Expired) => "approval_expired",
+                    _ => "approval_required",
+                }
+            }
+            FailureKind::Tool(ToolFailure::Approvals(_)) => "database",
             FailureKind::Journal(_) => "journal",
             FailureKind::ModelDidNotCharge => "model_did_not_charge",
             FailureKind::TooManyRounds(_) => "too_many_rounds",
@@ -137,7 +153,16 @@ impl FailureKind {
         match self {
             FailureKind::Tool(ToolFailure::Charge(ChargeError::Store(err)))
             | FailureKind::Tool(ToolFailure::Outbox(QueueError::Store(err)))
+            | FailureKind::Tool(ToolFailure::Approvals(err))
             | FailureKind::Journal(JournalFailure::Store(err)) => Some(err),
+            _ => None,
+        }
+    }
+
+    /// The loop stopped for an approval: `Some(None)` when the operation has none yet.
+    pub fn approval(&self) -> Option<Option<&Approval>> {
+        match self {
+            FailureKind::Tool(ToolFailure::Approval(approval)) => Some(approval.as_deref()),
             _ => None,
         }
     }

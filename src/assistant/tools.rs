@@ -14,6 +14,7 @@ use tracing::Instrument;
 use super::arguments::{ArgumentRefusal, ChargeArguments};
 use super::context::{ChargeStatus, CheckoutContext};
 use super::error::{FailureKind, JournalFailure, ToolFailure};
+use crate::approvals::{Approvals, Status};
 use crate::journal::NewEntry;
 use crate::metrics::Metrics;
 use crate::model::wire::{FunctionSpec, ToolCall, ToolList, ToolSpec, Tools};
@@ -40,14 +41,21 @@ pub struct ToolOutput {
 pub struct ToolBox {
     gateway: PaymentGateway,
     outbox: Outbox,
+    approvals: Approvals,
     metrics: Metrics,
 }
 
 impl ToolBox {
-    pub fn new(gateway: PaymentGateway, outbox: Outbox, metrics: Metrics) -> Self {
+    pub fn new(
+        gateway: PaymentGateway,
+        outbox: Outbox,
+        approvals: Approvals,
+        metrics: Metrics,
+    ) -> Self {
         ToolBox {
             gateway,
             outbox,
+            approvals,
             metrics,
         }
     }
@@ -136,6 +144,9 @@ impl ToolBox {
         {
             return Ok(refused_charge(&refusal, order));
         }
+        if ctx.needs_approval() {
+            self.approved(ctx).await?;
+        }
         let doubt_before = ctx.charge_sending();
         let mut journaled = false;
         let charged = self
@@ -174,6 +185,29 @@ impl ToolBox {
             receipt: Some(receipt),
             journaled: journaled && charged.created,
         })
+    }
+
+    /// Goes on only when a person approved this operation's charge; otherwise the loop
+    /// stops with the approval as it stands (the handler records a new one).
+    async fn approved(&self, ctx: &CheckoutContext) -> Result<(), ToolFailure> {
+        let key = ctx.journal_key();
+        // Boxed: a database statement's future, on a path few checkouts take.
+        let approval = Box::pin(self.approvals.find(&key.caller, &key.operation_key))
+            .await
+            .map_err(ToolFailure::Approvals)?;
+        match approval {
+            Some(approval) if approval.status == Status::Approved => {
+                tracing::info!(approval = %approval.id, decided_by = approval.decided_by.as_deref().unwrap_or_default(), "charge tool: the charge was approved; charging");
+                Ok(())
+            }
+            approval => {
+                tracing::info!(
+                    status = approval.as_ref().map_or("none yet", |a| a.status.as_str()),
+                    "charge tool: the charge needs a person's approval; the loop stops here, nothing charged"
+                );
+                Err(ToolFailure::Approval(approval.map(Box::new)))
+            }
+        }
     }
 
     /// A charge refused for passing the caller's budget: the model is told (nothing was

@@ -13,6 +13,11 @@ pub struct HttpAnswer {
     pub content_type: String,
     pub body: Bytes,
     pub retry_after: Option<u64>,
+    /// Where the answer's resource is (a paused checkout's approval).
+    pub location: Option<String>,
+    /// The answer is in the operation's record already, written with what it reports (a
+    /// pause): whoever runs the operation does not save it again.
+    pub saved: bool,
     /// A final outcome, saved under an Idempotency-Key and replayed: the same request
     /// would end the same way. Transient failures are not: a retry may well succeed.
     pub final_outcome: bool,
@@ -25,6 +30,8 @@ impl HttpAnswer {
             content_type: content_type.to_owned(),
             body: body.into(),
             retry_after: None,
+            location: None,
+            saved: false,
             final_outcome: status.is_success(),
         }
     }
@@ -44,6 +51,9 @@ impl IntoResponse for HttpAnswer {
         let headers = response.headers_mut();
         if let Ok(value) = HeaderValue::from_str(&self.content_type) {
             headers.insert(header::CONTENT_TYPE, value);
+        }
+        if let Some(location) = self.location.and_then(|l| HeaderValue::from_str(&l).ok()) {
+            headers.insert(header::LOCATION, location);
         }
         if let Some(seconds) = self.retry_after {
             headers.insert(header::RETRY_AFTER, HeaderValue::from(seconds));

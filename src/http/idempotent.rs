@@ -19,9 +19,10 @@ use utoipa::openapi::{ObjectBuilder, Required, Type};
 
 use super::admission::Slot;
 use super::answer::HttpAnswer;
+use super::approvals;
 use super::error::{Code, Problem};
 use super::state::AppState;
-use crate::idempotency::{self, Begin, Fingerprint, Lease, Saved};
+use crate::idempotency::{self, Begin, Fingerprint, Lease, PAUSED, Saved};
 use crate::metrics::KeyOutcome;
 use crate::payments::OperationKey;
 
@@ -309,6 +310,9 @@ async fn owned(app: AppState, lease: Lease, work: BoxFuture<'static, HttpAnswer>
         answer = work => answer,
         () = renew => unreachable!("renewal never ends"),
     };
+    if answer.saved {
+        return answer;
+    }
     let outcome = if answer.final_outcome {
         let saved = Saved {
             status: answer.status.as_u16(),
@@ -334,10 +338,14 @@ async fn owned(app: AppState, lease: Lease, work: BoxFuture<'static, HttpAnswer>
 }
 
 /// The saved answer, byte for byte, marked as a replay.
-fn replay(saved: Saved) -> Response {
+pub(crate) fn replay(saved: Saved) -> Response {
     let status = axum::http::StatusCode::from_u16(saved.status)
         .unwrap_or(axum::http::StatusCode::INTERNAL_SERVER_ERROR);
-    let mut answer = HttpAnswer::new(status, &saved.content_type, saved.body).into_response();
+    let mut answer = HttpAnswer::new(status, &saved.content_type, saved.body);
+    if saved.status == PAUSED {
+        answer.location = approvals::location_of(&answer.body);
+    }
+    let mut answer = answer.into_response();
     answer
         .headers_mut()
         .insert(REPLAYED, HeaderValue::from_static("true"));

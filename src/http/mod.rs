@@ -3,6 +3,7 @@
 pub mod admission;
 pub mod answer;
 mod api_doc;
+pub mod approvals;
 pub mod auth;
 pub mod checkout;
 pub mod error;
@@ -10,6 +11,7 @@ pub mod extract;
 pub mod health;
 pub mod idempotent;
 pub mod metrics;
+pub mod operations;
 pub mod rate_limit;
 pub mod receipts;
 pub mod recovery;
@@ -48,6 +50,7 @@ pub use state::{AppState, ModelInfo, Parts};
     modifiers(&BearerKey),
     tags(
         (name = "checkout", description = "Charge orders and read receipts"),
+        (name = "approvals", description = "Charges above an amount wait for a person's decision"),
         (name = "health", description = "Liveness and readiness"),
         (name = "operations", description = "Metrics for Prometheus"),
     )
@@ -156,9 +159,9 @@ fn api_parts(state: Option<&AppState>) -> (Router<AppState>, utoipa::openapi::Op
             )),
             None => checkout,
         }
-        .routes(routes!(receipts::get_receipt))
+        .merge(read_and_decide())
         .route_layer(auth::RequireCaller(state.clone())),
-        None => checkout.routes(routes!(receipts::get_receipt)),
+        None => checkout.merge(read_and_decide()),
     };
     OpenApiRouter::with_openapi(ApiDoc::openapi())
         .merge(callers)
@@ -166,6 +169,17 @@ fn api_parts(state: Option<&AppState>) -> (Router<AppState>, utoipa::openapi::Op
         .routes(routes!(health::ready))
         .routes(routes!(metrics::metrics))
         .split_for_parts()
+}
+
+/// The callers' routes besides POST /checkout: receipts, operations, approvals.
+fn read_and_decide() -> OpenApiRouter<AppState> {
+    OpenApiRouter::new()
+        .routes(routes!(receipts::get_receipt))
+        .routes(routes!(operations::get))
+        .routes(routes!(approvals::list))
+        .routes(routes!(approvals::get))
+        .routes(routes!(approvals::approve))
+        .routes(routes!(approvals::deny))
 }
 
 /// Answers made by the framework (an unknown method, the server timeout) carry no body;

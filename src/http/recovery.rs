@@ -119,13 +119,13 @@ async fn recover(app: &AppState, operation: Lapsed, slot: Slot) {
         of = max,
         "recovery sweep: took over an operation whose lease lapsed unfinished; resuming it from its journal"
     );
-    let ((order, email, format), operation_key) = request;
+    let (request, operation_key) = request;
     let fence = Some(lease.fence);
     let work = {
         let app = app.clone();
         async move {
             let _slot = slot;
-            checkout::run(&app, order, email, operation_key, &caller, fence, format).await
+            checkout::run(&app, request, operation_key, &caller, fence).await
         }
     };
     let answer = idempotent::resume(app, lease, work).await;

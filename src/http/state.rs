@@ -8,6 +8,7 @@ use utoipa::ToSchema;
 
 use super::admission::Admission;
 use super::rate_limit::RateLimit;
+use crate::approvals::Approvals;
 use crate::assistant::Assistant;
 use crate::caller::Gate;
 use crate::config::Settings;
@@ -30,6 +31,8 @@ pub struct Parts {
     /// clone.
     pub outbox: Outbox,
     pub records: Records,
+    /// Charges waiting for a person, and the decisions.
+    pub approvals: Approvals,
     pub assistant: Assistant,
     pub model: ModelInfo,
     pub metrics: Metrics,
@@ -64,6 +67,10 @@ impl AppState {
 
     pub fn gateway(&self) -> &PaymentGateway {
         &self.0.gateway
+    }
+
+    pub fn approvals(&self) -> &Approvals {
+        &self.0.approvals
     }
 
     pub fn outbox(&self) -> &Outbox {

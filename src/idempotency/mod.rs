@@ -13,7 +13,7 @@ mod records;
 
 use std::time::Duration;
 
-pub use records::{Lapsed, Lease, Saved};
+pub use records::{Lapsed, Lease, PAUSE, PAUSED, REOPEN, SETTLE_PAUSED, Saved};
 
 use records::{Completion, Completions, Inserts, NewRecord};
 
@@ -130,6 +130,43 @@ impl Records {
     /// Ends the lease now without an answer, so the next request runs the operation again.
     pub async fn release(&self, lease: &Lease) -> Result<bool, StoreError> {
         records::release(self.db.acquire().await?.conn(), lease).await
+    }
+
+    /// The request the record of `caller`'s `key` keeps, if there is one.
+    pub async fn request(&self, caller: &str, key: &str) -> Result<Option<String>, StoreError> {
+        records::request(self.db.acquire().await?.conn(), caller, key).await
+    }
+
+    /// The record of `caller`'s `key` as it stands: its saved answer, or how long its
+    /// lease runs (zero: lapsed); `None` when there is none (or it expired).
+    pub async fn status(
+        &self,
+        caller: &str,
+        key: &str,
+    ) -> Result<Option<Result<Saved, Duration>>, StoreError> {
+        let record = records::read(self.db.acquire().await?.conn(), caller, key).await?;
+        Ok(record
+            .filter(|r| !r.expired)
+            .map(|r| r.saved.ok_or(r.lease_left)))
+    }
+
+    /// Takes over `caller`'s `key` when its lease lapsed unfinished (a decider whose
+    /// instance died): as a client's retry would.
+    pub async fn take_lapsed(
+        &self,
+        caller: &str,
+        key: &str,
+        lease: Duration,
+    ) -> Result<Option<Lease>, StoreError> {
+        let mut conn = self.db.acquire().await?;
+        let Some(record) = records::read(conn.conn(), caller, key).await? else {
+            return Ok(None);
+        };
+        if record.saved.is_some() || !record.lease_left.is_zero() {
+            return Ok(None);
+        }
+        let fence = records::take_over(conn.conn(), caller, key, record.fence, lease).await?;
+        Ok(fence.map(|fence| lease_of(caller, key, fence)))
     }
 
     /// Unfinished operations whose lease lapsed at least `grace` ago (the sweep's).
@@ -258,7 +295,7 @@ fn settled(record: records::Record, fingerprint: &Fingerprint) -> Option<Begin> 
     None
 }
 
-fn lease_of(caller: &str, key: &str, fence: i64) -> Lease {
+pub(crate) fn lease_of(caller: &str, key: &str, fence: i64) -> Lease {
     Lease {
         caller: caller.to_owned(),
         key: key.to_owned(),

@@ -65,6 +65,35 @@ const RELEASE: &str = "\
 
 const SWEEP: &str = "DELETE FROM idempotency_keys WHERE expires_at <= (SELECT now_ms FROM clock)";
 
+/// The status of an operation paused for a person's approval: its saved answer is the 202
+/// that says so, replayed to its client until the decision replaces it.
+pub const PAUSED: u16 = 202;
+
+// The statements of a pause and its decision. Each runs in the transaction that records
+// the approval or its decision (`approvals`), so that an approval is pending exactly while
+// its operation's record holds the 202.
+
+/// The run holding the lease (`$3`: its fence) pauses: the 202 is saved (`$4`, `$5`:
+/// content type, body) and the record kept at least until `$6` (epoch ms).
+pub const PAUSE: &str = "\
+    UPDATE idempotency_keys SET status = 202, content_type = $4, body = $5, lease_until = NULL, \
+    expires_at = CASE WHEN expires_at < $6 THEN $6 ELSE expires_at END \
+    WHERE scope = $1 AND key = $2 AND fence = $3 AND status IS NULL";
+
+/// Approved: the record runs again under a new fence, as a takeover (`$3`: the lease in
+/// ms). Only from the 202: the first to reopen it runs it.
+pub const REOPEN: &str = "\
+    UPDATE idempotency_keys SET status = NULL, content_type = NULL, body = NULL, \
+    fence = fence + 1, lease_until = (SELECT now_ms FROM clock) + $3 \
+    WHERE scope = $1 AND key = $2 AND status = 202 \
+    RETURNING fence";
+
+/// Denied or expired: the operation's answer replaces the 202 (`$3 … $5`: status,
+/// content type, body).
+pub const SETTLE_PAUSED: &str = "\
+    UPDATE idempotency_keys SET status = $3, content_type = $4, body = $5 \
+    WHERE scope = $1 AND key = $2 AND status = 202";
+
 /// Unfinished records whose lease lapsed at least `$1` ms ago, and the sweep has not
 /// given up on: the recovery sweep's candidates.
 const LAPSED: &str = "\
@@ -424,6 +453,21 @@ pub async fn release(conn: Conn<'_>, lease: &Lease) -> Result<bool, StoreError> 
         .await?
         .rows_affected());
     Ok(done == 1)
+}
+
+/// The request a record keeps (what the recovery sweep and an approval resume from).
+pub async fn request(
+    conn: Conn<'_>,
+    caller: &str,
+    key: &str,
+) -> Result<Option<String>, StoreError> {
+    let found: Option<Option<String>> = on_conn!(conn, c => sqlx::query_scalar(
+        "SELECT request FROM idempotency_keys WHERE scope = $1 AND key = $2")
+        .bind(caller)
+        .bind(key)
+        .fetch_optional(c)
+        .await?);
+    Ok(found.flatten())
 }
 
 /// Deletes expired records; how many.

@@ -150,9 +150,31 @@ const FORGET: &str = "DELETE FROM agent_journal WHERE scope = $1 AND operation_k
 
 const SWEEP: &str = "DELETE FROM agent_journal WHERE expires_at <= (SELECT now_ms FROM clock)";
 
+pub const HOLD: &str = "\
+    UPDATE agent_journal SET expires_at = CASE WHEN expires_at < $3 THEN $3 ELSE expires_at END \
+    WHERE scope = $1 AND operation_key = $2";
+
 /// Deletes an operation's journal (its Idempotency-Key record is being forgotten).
 pub async fn forget(conn: Conn<'_>, caller: &str, operation_key: &str) -> Result<(), StoreError> {
     on_conn!(conn, c => sqlx::query(FORGET).bind(caller).bind(operation_key).execute(c).await.map(drop)?);
+    Ok(())
+}
+
+/// Keeps an operation's rows at least until `until_ms` (epoch ms): a paused operation's
+/// journal outlives its approval.
+pub async fn hold(
+    conn: Conn<'_>,
+    caller: &str,
+    operation_key: &str,
+    until_ms: i64,
+) -> Result<(), StoreError> {
+    on_conn!(conn, c => sqlx::query(HOLD)
+        .bind(caller)
+        .bind(operation_key)
+        .bind(until_ms)
+        .execute(c)
+        .await
+        .map(drop)?);
     Ok(())
 }
 

@@ -90,6 +90,11 @@ impl Service {
         crate::common::post(&self.http, &url, headers, None).await
     }
 
+    /// The service's base URL (`http://127.0.0.1:PORT`).
+    pub(crate) fn url_base(&self) -> &str {
+        &self.base
+    }
+
     pub(crate) async fn get(&self, path: &str, headers: &[(&str, &str)]) -> Reply {
         let mut request = self.http.get(format!("{}{path}", self.base));
         for (name, value) in headers {
@@ -474,19 +479,29 @@ async fn security_of(s: &Service) -> Vec<serde_json::Value> {
 /// The served document says what the running service does: while it is open, the Bearer
 /// key is optional (`security` lists `{}` beside the key); once a key exists (`auto`) it
 /// is required, and with `required` it always is. Each operation names the scope it needs:
-/// `checkout` for POST /checkout; `checkout` (its own) or `read` for a receipt.
+/// `approve` (or `checkout`, for its own) for the approvals, `approve` to decide one,
+/// `checkout` for POST /checkout and its operations; `checkout` (its own) or `read` for a
+/// receipt. In the document's order of paths.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_document_declares_the_key_optional_only_while_open() {
     let checkout = serde_json::json!({ "api_key": ["checkout"] });
     let read = serde_json::json!({ "api_key": ["read"] });
-    let optional = vec![
-        serde_json::json!([checkout, {}]),
-        serde_json::json!([checkout, read, {}]),
+    let approve = serde_json::json!({ "api_key": ["approve"] });
+    let needs = [
+        vec![&approve, &checkout],
+        vec![&approve, &checkout],
+        vec![&approve],
+        vec![&approve],
+        vec![&checkout],
+        vec![&checkout],
+        vec![&checkout, &read],
     ];
-    let required = vec![
-        serde_json::json!([checkout]),
-        serde_json::json!([checkout, read]),
-    ];
+    let open = serde_json::json!({});
+    let optional: Vec<serde_json::Value> = needs
+        .iter()
+        .map(|n| serde_json::json!(n.iter().copied().chain([&open]).collect::<Vec<_>>()))
+        .collect();
+    let required: Vec<serde_json::Value> = needs.iter().map(|n| serde_json::json!(n)).collect();
     let s = Service::start(Backend::Sqlite, AuthMode::Auto).await;
     assert_eq!(security_of(&s).await, optional);
     s.create_key("shop").await;

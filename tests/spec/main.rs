@@ -5,6 +5,7 @@
 #[macro_use]
 mod common;
 
+mod approvals;
 mod auth;
 mod budgets;
 mod crash;

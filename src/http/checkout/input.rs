@@ -9,6 +9,7 @@ use utoipa::IntoParams;
 use utoipa::openapi::schema::{ObjectBuilder, Schema, Type};
 
 use crate::http::error::Problem;
+use crate::idempotency::Fingerprint;
 use crate::outbox::Recipient;
 use crate::payments::{Currency, Money, Order, OrderId, PaymentMethod};
 
@@ -114,24 +115,54 @@ pub(super) fn order(
     Ok(order.with_payment_method(method))
 }
 
+/// A checkout as the handler took it, checked: what every run of its operation starts
+/// from (the client's, a resume after a person's approval, the recovery sweep's).
+#[derive(Debug)]
+pub struct CheckoutRequest {
+    pub order: Order,
+    pub email: Option<Recipient>,
+    pub format: Format,
+    /// The charge waits for a person's approval: decided when the request was taken
+    /// (the amount against the caller's threshold then), kept with it.
+    pub needs_approval: bool,
+}
+
+impl CheckoutRequest {
+    /// The request's identity and, kept beside it for a resume, what does not make it
+    /// another request (the answer's format, the approval the handler required).
+    pub fn fingerprint(&self) -> Fingerprint {
+        let mut fingerprint = Fingerprint::of_checkout(&self.order).with_email(self.email.as_ref());
+        if self.format == Format::Text {
+            fingerprint = fingerprint.noting("accept", "text/plain");
+        }
+        if self.needs_approval {
+            fingerprint = fingerprint.noting("approval", "required");
+        }
+        fingerprint
+    }
+}
+
 /// A request as its Idempotency-Key record keeps it ([`Fingerprint::request`]), checked
-/// again as the handler checks it: what the recovery sweep resumes.
-pub(crate) fn rebuild(
-    request: &str,
-    max_amount: u64,
-) -> Result<(Order, Option<Recipient>, Format), String> {
+/// again as the handler checks it: what a resume runs.
+pub(crate) fn rebuild(request: &str, max_amount: u64) -> Result<CheckoutRequest, String> {
     let mut fields: serde_json::Map<String, serde_json::Value> =
         serde_json::from_str(request).map_err(|err| err.to_string())?;
     let format = match fields.remove("accept") {
         Some(accept) if accept == "text/plain" => Format::Text,
         _ => Format::Json,
     };
+    let needs_approval = fields.remove("approval").is_some_and(|a| a == "required");
     let mut query: CheckoutQuery =
         serde_json::from_value(serde_json::Value::Object(fields)).map_err(|err| err.to_string())?;
     let email = recipient(query.email.take()).map_err(|p| p.body.detail.clone())?;
     // The method was required, or not, when the request was first taken.
     let order = order(query, max_amount, false).map_err(|p| p.body.detail)?;
-    Ok((order, email, format))
+    Ok(CheckoutRequest {
+        order,
+        email,
+        format,
+        needs_approval,
+    })
 }
 
 /// The customer's address, if the query names one.

@@ -9,7 +9,7 @@ mod outcome;
 
 pub use examples::CheckoutErrors;
 pub(crate) use input::rebuild;
-pub use input::{CheckoutQuery, Format};
+pub use input::{CheckoutQuery, CheckoutRequest, Format};
 use input::{order, recipient};
 pub use outcome::{CheckoutResponse, UsageView};
 use outcome::{failure, paid_anyway, success};
@@ -21,14 +21,15 @@ use crate::assistant::CheckoutContext;
 use crate::caller::{Caller, Scope};
 use crate::http::admission::Slot;
 use crate::http::answer::HttpAnswer;
+use crate::http::approvals;
 use crate::http::auth::require;
 use crate::http::error::Code;
 use crate::http::extract::{NoBody, Params};
 use crate::http::idempotent::{self, IdempotencyKey};
 use crate::http::state::AppState;
-use crate::idempotency::{Fingerprint, Lease};
-use crate::outbox::{Confirmation, Recipient};
-use crate::payments::{OperationKey, Order};
+use crate::idempotency::Lease;
+use crate::outbox::Confirmation;
+use crate::payments::OperationKey;
 
 #[utoipa::path(
     post,
@@ -68,21 +69,31 @@ pub async fn checkout(
             return problem.into_response();
         }
     };
-    // The operation is its caller's, keyed or not: a receipt records who paid.
-    match client_key {
+    // Above the caller's threshold the charge waits for a person: decided here, from the
+    // order the client authorized, and kept with the request for every resume.
+    let amount = order.amount();
+    let needs_approval = caller
+        .approval_above(&app.settings().payments, amount.currency())
+        .is_some_and(|above| amount.minor() > above.minor());
+    let request = CheckoutRequest {
+        order,
+        email,
+        format,
+        needs_approval,
+    };
+    // A checkout that may pause is keyed, by the client or by a key minted here: its
+    // pause is rows (its record and journal), which a decision on any instance resumes.
+    let key = client_key.or_else(|| needs_approval.then(OperationKey::mint));
+    match key {
         Some(key) => {
-            let mut fingerprint = Fingerprint::of_checkout(&order).with_email(email.as_ref());
-            if format == Format::Text {
-                // Kept with the request for the recovery sweep; not part of its identity.
-                fingerprint = fingerprint.noting("accept", "text/plain");
-            }
+            let fingerprint = request.fingerprint();
             let work = {
                 let (app, key, caller) = (app.clone(), key.clone(), caller.clone());
                 move |lease: &Lease, slot: Slot| {
                     let fence = Some(lease.fence);
                     async move {
                         let _slot = slot;
-                        run(&app, order, email, key, &caller, fence, format).await
+                        run(&app, request, key, &caller, fence).await
                     }
                 }
             };
@@ -104,7 +115,7 @@ pub async fn checkout(
             let operation_key = OperationKey::mint();
             idempotent::detached(async move {
                 let _slot = slot;
-                run(&app, order, email, operation_key, &caller, None, format).await
+                run(&app, request, operation_key, &caller, None).await
             })
             .await
             .into_response()
@@ -116,17 +127,30 @@ pub async fn checkout(
 /// operation is `caller`'s, under its Idempotency-Key lease's `fence` if any.
 pub(crate) async fn run(
     app: &AppState,
-    order: Order,
-    email: Option<Recipient>,
+    request: CheckoutRequest,
     operation_key: OperationKey,
     caller: &Caller,
     fence: Option<i64>,
-    format: Format,
 ) -> HttpAnswer {
+    let CheckoutRequest {
+        order,
+        email,
+        format,
+        needs_approval,
+    } = request;
     let budget = caller.budget_per_day(&app.settings().payments, order.amount().currency());
-    let ctx =
+    let mut ctx =
         CheckoutContext::new(order, email, operation_key, &caller.name, fence).with_budget(budget);
+    if needs_approval {
+        ctx = ctx.needing_approval();
+    }
     let result = app.assistant().checkout(ctx.clone()).await;
+    if let Err(err) = &result
+        && let Some(found) = err.kind.approval()
+    {
+        let found = found.cloned();
+        return Box::pin(approvals::pause(app, &ctx, found)).await;
+    }
     match result.or_else(|err| paid_anyway(&ctx, err)) {
         Ok(outcome) => {
             app.metrics().checkout("ok");

@@ -1,0 +1,282 @@
+//! What the approvals answer: the views of an approval, a paused checkout's 202, the
+//! operation's answer after a denial or the expiry, the pause itself, and the error
+//! answers of the approvals endpoints for the API document.
+
+use std::collections::BTreeMap;
+
+use axum::http::StatusCode;
+use serde::{Deserialize, Serialize};
+use utoipa::openapi::{RefOr, Response as DocResponse};
+use utoipa::{IntoResponses, ToSchema};
+
+use crate::approvals::{Approval, Paused, Status};
+use crate::assistant::CheckoutContext;
+use crate::caller::AuthRefusal;
+use crate::http::answer::HttpAnswer;
+use crate::http::error::{Code, Problem, documented};
+use crate::http::state::AppState;
+use crate::idempotency::{Lease, Saved};
+
+/// An approval, as the API shows it.
+#[derive(Serialize, Deserialize, ToSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct ApprovalView {
+    /// UUIDv7.
+    #[schema(example = "0193a8f0-5f2c-7cc1-9d7e-3c1a2b4d5e6f")]
+    pub id: String,
+    #[schema(example = "A-100")]
+    pub order_id: String,
+    #[schema(example = "500.00")]
+    pub amount: String,
+    #[schema(example = "USD")]
+    pub currency: String,
+    pub status: Status,
+    /// When it expires undecided (RFC 3339).
+    pub expires_at: String,
+    pub created_at: String,
+    /// The operation that waits: its Idempotency-Key, or the key the service minted.
+    pub operation_key: String,
+    /// The caller that asked for the checkout (`""`: the open mode's anonymous caller).
+    pub caller: String,
+    /// Who decided (the API key's name).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub decided_by: Option<String>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub decided_at: Option<String>,
+    /// A denial's reason.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub reason: Option<String>,
+}
+
+impl From<&Approval> for ApprovalView {
+    fn from(a: &Approval) -> Self {
+        let time = |t: chrono::DateTime<chrono::Utc>| {
+            t.to_rfc3339_opts(chrono::SecondsFormat::Millis, true)
+        };
+        ApprovalView {
+            id: a.id.hyphenated().to_string(),
+            order_id: a.order_id.clone(),
+            amount: a.amount.decimal(),
+            currency: a.amount.currency().code().to_owned(),
+            status: a.status,
+            expires_at: time(a.expires_at),
+            created_at: time(a.created_at),
+            operation_key: a.operation_key.clone(),
+            caller: a.caller.clone(),
+            decided_by: a.decided_by.clone(),
+            decided_at: a.decided_at.map(time),
+            reason: a.reason.clone(),
+        }
+    }
+}
+
+/// A checkout paused for a person's approval (202).
+#[derive(Serialize, Deserialize, ToSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct PausedResponse {
+    /// Always `requires_approval`.
+    #[schema(example = "requires_approval")]
+    pub status: String,
+    pub operation_key: String,
+    pub approval: ApprovalView,
+    /// What happens next, for a person.
+    pub message: String,
+}
+
+/// The `Location` of a saved 202: its approval.
+pub(crate) fn location_of(body: &[u8]) -> Option<String> {
+    let paused: PausedResponse = serde_json::from_slice(body).ok()?;
+    Some(format!("/approvals/{}", paused.approval.id))
+}
+
+/// The 202 of a checkout waiting for `approval`.
+pub(super) fn paused_answer(approval: &Approval) -> HttpAnswer {
+    let message = format!(
+        "The charge of {} for order {} waits for a person's approval (approval {}); nothing is charged until it is approved, and nothing if it is denied or expires at {}.",
+        approval.amount,
+        approval.order_id,
+        approval.id,
+        approval
+            .expires_at
+            .to_rfc3339_opts(chrono::SecondsFormat::Secs, true)
+    );
+    let mut answer = HttpAnswer::json(
+        StatusCode::ACCEPTED,
+        &PausedResponse {
+            status: "requires_approval".into(),
+            operation_key: approval.operation_key.clone(),
+            approval: approval.into(),
+            message,
+        },
+    );
+    answer.location = Some(format!("/approvals/{}", approval.id));
+    answer
+}
+
+/// The operation's answer once a person denied its approval.
+pub(super) fn denied_answer(approval: &Approval) -> HttpAnswer {
+    let by = approval.decided_by.as_deref().unwrap_or_default();
+    let reason = approval
+        .reason
+        .as_deref()
+        .map_or(String::new(), |r| format!(": {r}"));
+    Problem::new(
+        Code::ApprovalDenied,
+        format!(
+            "the charge of {} for order {} was denied by {by:?} (approval {}){reason}; nothing was charged",
+            approval.amount, approval.order_id, approval.id
+        ),
+    )
+    .answer()
+}
+
+/// The operation's answer once its approval expired undecided.
+pub(super) fn expired_answer(approval: &Approval) -> HttpAnswer {
+    Problem::new(
+        Code::ApprovalExpired,
+        format!(
+            "nobody decided approval {} of the charge of {} for order {} before it expired; nothing was charged",
+            approval.id, approval.amount, approval.order_id
+        ),
+    )
+    .answer()
+}
+
+pub(super) fn saved(answer: &HttpAnswer) -> Saved {
+    Saved {
+        status: answer.status.as_u16(),
+        content_type: answer.content_type.clone(),
+        body: answer.body.to_vec(),
+    }
+}
+
+/// The loop stopped at the charge for an approval (`found`: the operation's, if it has
+/// one): records it and saves the 202 in one transaction, or answers the decision it
+/// found.
+pub(crate) async fn pause(
+    app: &AppState,
+    ctx: &CheckoutContext,
+    found: Option<Approval>,
+) -> HttpAnswer {
+    match found.as_ref().map(|a| a.status) {
+        Some(Status::Denied) => return denied_answer(found.as_ref().expect("found")),
+        Some(Status::Expired) => return expired_answer(found.as_ref().expect("found")),
+        _ => {}
+    }
+    let key = ctx.journal_key();
+    let Some(fence) = key.fence else {
+        // The handler keys every checkout that may pause: a pause is rows.
+        return Problem::new(
+            Code::Unavailable,
+            "a checkout that needs an approval ran without its operation's record; nothing was charged",
+        )
+        .answer();
+    };
+    let lease = Lease {
+        caller: key.caller.clone(),
+        key: key.operation_key.clone(),
+        fence,
+    };
+    let keep = app.settings().idempotency.ttl;
+    let paused = app
+        .approvals()
+        .pause(&lease, ctx.order(), keep, |a| saved(&paused_answer(a)))
+        .await;
+    match paused {
+        Ok(Paused::Now(approval)) => {
+            app.metrics().approval_requested();
+            app.metrics().checkout("requires_approval");
+            tracing::info!(approval = %approval.id, order = %approval.order_id, amount = %approval.amount, expires_at = %approval.expires_at, "checkout paused for a person's approval; nothing charged, the journal kept");
+            let mut answer = paused_answer(&approval);
+            answer.saved = true;
+            answer
+        }
+        Ok(Paused::LeaseLost) => Problem::new(
+            Code::InFlight,
+            "another instance took this operation over while it paused for its approval; nothing was charged",
+        )
+        .retry_after(1)
+        .answer(),
+        Ok(Paused::Decided(approval)) => Problem::new(
+            Code::Unavailable,
+            format!(
+                "approval {} was decided ({}) while this run paused; retry to go on with it",
+                approval.id, approval.status
+            ),
+        )
+        .retry_after(1)
+        .answer(),
+        Err(err) => Problem::new(
+            Code::Unavailable,
+            format!("cannot record the charge's approval: {err}; nothing was charged"),
+        )
+        .retry_after(1)
+        .answer(),
+    }
+}
+
+/// The error answers of the approvals endpoints.
+pub struct ApprovalErrors;
+
+impl IntoResponses for ApprovalErrors {
+    fn responses() -> BTreeMap<String, RefOr<DocResponse>> {
+        let id = "0193a8f0-5f2c-7cc1-9d7e-3c1a2b4d5e6f";
+        documented([
+            (
+                "`invalid_request`: not an approval id, a bad `limit` or `status`, a body that is not `{\"reason\"}`",
+                vec![Problem::invalid("id", "\"x\" is not an approval id (a UUID)")],
+            ),
+            (
+                "`unauthorized`: no valid API key (see WWW-Authenticate)",
+                vec![Problem::unauthorized(AuthRefusal::Missing)],
+            ),
+            (
+                "`forbidden`: deciding needs the scope `approve`",
+                vec![Problem::new(
+                    Code::Forbidden,
+                    "deciding approvals needs an API key with the scope approve",
+                )],
+            ),
+            (
+                "`not_found`: no such approval (or another caller's, without the scope `approve`)",
+                vec![Problem::new(Code::NotFound, format!("there is no approval {id}"))],
+            ),
+            (
+                "`approval_decided`: decided the other way already; `in_flight`: approved, its checkout still running",
+                vec![
+                    Problem::new(
+                        Code::ApprovalDecided,
+                        format!("approval {id} was denied by \"ops\" already; the first decision stands"),
+                    ),
+                    Problem::new(
+                        Code::InFlight,
+                        format!("approval {id} is approved and its checkout is running; repeat this request for its answer"),
+                    )
+                    .retry_after(1),
+                ],
+            ),
+            (
+                "`approval_expired`: nobody decided it in time; nothing was charged",
+                vec![Problem::new(
+                    Code::ApprovalExpired,
+                    format!("nobody decided approval {id} of the charge of 500.00 USD for order A-100 before it expired; nothing was charged"),
+                )],
+            ),
+            (
+                "`unavailable`: the database could not be reached; `overloaded`: the instance runs as many checkouts as it takes",
+                vec![
+                    Problem::new(
+                        Code::Unavailable,
+                        "cannot read the approvals: pool timed out while waiting for an open connection",
+                    )
+                    .retry_after(1),
+                    Problem::new(
+                        Code::Overloaded,
+                        "this instance is running as many checkouts as it takes; retry shortly",
+                    )
+                    .retry_after(1),
+                ],
+            ),
+        ])
+    }
+}

@@ -1,0 +1,97 @@
+//! `GET /operations/{operationKey}`: where a caller's operation stands, as its repeated
+//! POST would say without running anything: 202 while it waits for an approval (its
+//! saved 202, `Location` included) or runs, else its saved answer, status included.
+
+use axum::extract::{Extension, Path, State};
+use axum::http::StatusCode;
+use axum::response::{IntoResponse, Response};
+use serde::Serialize;
+use std::collections::BTreeMap;
+
+use utoipa::openapi::{RefOr, Response as DocResponse};
+use utoipa::{IntoResponses, ToSchema};
+
+use super::answer::HttpAnswer;
+use super::error::{Code, Problem, documented};
+use super::idempotent;
+use super::state::AppState;
+use crate::caller::{AuthRefusal, Caller};
+
+/// The error answers of `GET /operations/{operationKey}`.
+pub struct OperationErrors;
+
+impl IntoResponses for OperationErrors {
+    fn responses() -> BTreeMap<String, RefOr<DocResponse>> {
+        documented([
+            (
+                "`unauthorized`: no valid API key (see WWW-Authenticate)",
+                vec![Problem::unauthorized(AuthRefusal::Missing)],
+            ),
+            (
+                "`not_found`: no such operation of this caller (or it expired)",
+                vec![Problem::new(Code::NotFound, "there is no operation \"order-A-100\"")],
+            ),
+            (
+                "`unavailable`: the database could not be reached",
+                vec![
+                    Problem::new(
+                        Code::Unavailable,
+                        "cannot read the operation: pool timed out while waiting for an open connection",
+                    )
+                    .retry_after(1),
+                ],
+            ),
+        ])
+    }
+}
+
+/// An operation still running.
+#[derive(Serialize, ToSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct RunningResponse {
+    /// Always `running`.
+    #[schema(example = "running")]
+    pub status: &'static str,
+    pub operation_key: String,
+}
+
+#[utoipa::path(
+    get,
+    path = "/operations/{operationKey}",
+    tag = "checkout",
+    summary = "Where an operation stands",
+    description = "The caller's own operation (its Idempotency-Key, or the key the service minted and answered): 202 `requires_approval` while it waits for a person, 202 `running` while it runs, else its saved answer with its status. Nothing is run.",
+    params(("operationKey" = String, Path, description = "The operation's key")),
+    security(("api_key" = ["checkout"])),
+    responses(
+        (status = 200, description = "The operation's saved answer (its status may be any the checkout answers)", body = super::checkout::CheckoutResponse),
+        (status = 202, description = "Waiting for an approval, or running", body = super::approvals::PausedResponse),
+        OperationErrors,
+    )
+)]
+pub async fn get(
+    State(app): State<AppState>,
+    Extension(caller): Extension<Caller>,
+    Path(key): Path<String>,
+) -> Response {
+    match app.records().status(&caller.name, &key).await {
+        Ok(Some(Ok(saved))) => idempotent::replay(saved),
+        Ok(Some(Err(_))) => HttpAnswer::json(
+            StatusCode::ACCEPTED,
+            &RunningResponse {
+                status: "running",
+                operation_key: key,
+            },
+        )
+        .into_response(),
+        Ok(None) => {
+            Problem::new(Code::NotFound, format!("there is no operation {key:?}")).into_response()
+        }
+        Err(err) => Problem::new(
+            Code::Unavailable,
+            format!("cannot read the operation: {err}"),
+        )
+        .retry_after(1)
+        .into_response(),
+    }
+}
