@@ -207,11 +207,12 @@ async fn every_metric_is_described_and_the_endpoint_is_in_the_api_document() {
         .filter_map(|line| line.strip_prefix("# TYPE "))
         .filter_map(|rest| rest.split(' ').next())
         .collect();
-    // 18 with the model breaker's state, a gauge set at start (docs/outage.md), and the
-    // budget refusals (docs/budgets-and-scopes.md).
+    // 21 with the model breaker's state, a gauge set at start (docs/outage.md), the
+    // budget refusals (docs/budgets-and-scopes.md) and the approvals' three
+    // (docs/approvals.md).
     assert_eq!(
         names.len(),
-        18,
+        21,
         "the checkout_* and gen_ai_* metrics: {names:?}"
     );
     for name in names {
