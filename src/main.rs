@@ -223,22 +223,31 @@ async fn api_keys(args: &[String]) -> ExitCode {
             eprintln!("checkout: API key {name:?} revoked: refused from the next request on");
         }),
         _ => caller::list(&db).await.map_err(KeyError::from).map(|keys| {
-            println!(
-                "{:<24} {:<24} {:<24} {:<30} {:<20} {:<20}",
-                "NAME", "CREATED", "REVOKED", "SCOPES", "APPROVAL_ABOVE", "BUDGET_PER_DAY"
-            );
+            let row = |cells: [&str; 6]| {
+                let [name, created, revoked, scopes, approval, budget] = cells;
+                let line = format!(
+                    "{name:<24} {created:<24} {revoked:<24} {scopes:<30} {approval:<20} {budget}"
+                );
+                println!("{}", line.trim_end());
+            };
+            row([
+                "NAME",
+                "CREATED",
+                "REVOKED",
+                "SCOPES",
+                "APPROVAL_ABOVE",
+                "BUDGET_PER_DAY",
+            ]);
             for key in keys {
                 let revoked = key.revoked_at.map_or_else(|| "-".to_owned(), rfc3339);
-                let limit = |l: Option<String>| l.unwrap_or_else(|| "-".to_owned());
-                println!(
-                    "{:<24} {:<24} {:<24} {:<30} {:<20} {:<20}",
-                    key.name,
-                    rfc3339(key.created_at),
-                    revoked,
-                    key.scopes,
-                    limit(key.approval_above),
-                    limit(key.budget_per_day)
-                );
+                row([
+                    &key.name,
+                    &rfc3339(key.created_at),
+                    &revoked,
+                    &key.scopes,
+                    key.approval_above.as_deref().unwrap_or("-"),
+                    key.budget_per_day.as_deref().unwrap_or("-"),
+                ]);
             }
         }),
     };
