@@ -5,17 +5,33 @@
 use axum::extract::{Extension, Path, State};
 use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
-use serde::Serialize;
+use serde::{Deserialize, Serialize};
 use std::collections::BTreeMap;
 
 use utoipa::openapi::{RefOr, Response as DocResponse};
-use utoipa::{IntoResponses, ToSchema};
+use utoipa::{IntoParams, IntoResponses, ToSchema};
 
 use super::answer::HttpAnswer;
 use super::error::{Code, Problem, documented};
+use super::extract::Params;
 use super::idempotent;
 use super::state::AppState;
-use crate::caller::{AuthRefusal, Caller};
+use crate::caller::{AuthRefusal, Caller, Scope};
+
+fn not_found(key: &str) -> Response {
+    Problem::new(Code::NotFound, format!("there is no operation {key:?}")).into_response()
+}
+
+/// Whose operation.
+#[derive(Deserialize, IntoParams)]
+#[into_params(parameter_in = Query)]
+#[serde(deny_unknown_fields)]
+pub struct OperationQuery {
+    /// Another caller's operation (its API key's name): needs the scope `read`. The
+    /// caller's own by default.
+    #[param(max_length = 64)]
+    caller: Option<String>,
+}
 
 /// The error answers of `GET /operations/{operationKey}`.
 pub struct OperationErrors;
@@ -65,9 +81,9 @@ pub struct RunningResponse {
     operation_id = "getOperation",
     tag = "checkout",
     summary = "Where an operation stands",
-    description = "The caller's own operation (its Idempotency-Key, or the key the service minted and answered): 202 `requires_approval` while it waits for a person, 202 `running` while it runs, else its saved answer with its status. Nothing is run.",
-    params(("operationKey" = String, Path, description = "The operation's key")),
-    security(("api_key" = ["checkout"])),
+    description = "The caller's own operation (another's with `?caller=NAME` and the scope `read`) (its Idempotency-Key, or the key the service minted and answered): 202 `requires_approval` while it waits for a person, 202 `running` while it runs, else its saved answer with its status. Nothing is run.",
+    params(("operationKey" = String, Path, description = "The operation's key"), OperationQuery),
+    security(("api_key" = ["checkout"]), ("api_key" = ["read"])),
     responses(
         (status = 200, description = "The operation's saved answer (its status may be any the checkout answers)", body = super::checkout::CheckoutResponse),
         (status = 202, description = "Waiting for an approval, or running", body = super::approvals::PausedResponse),
@@ -78,8 +94,17 @@ pub async fn get(
     State(app): State<AppState>,
     Extension(caller): Extension<Caller>,
     Path(key): Path<String>,
+    Params(query): Params<OperationQuery>,
 ) -> Response {
-    match app.records().status(&caller.name, &key).await {
+    // Another caller's operation is 404 without `read`, as one that does not exist.
+    let owner = match query.caller {
+        Some(owner) if owner != caller.name && !caller.has(Scope::Read) => {
+            return not_found(&key);
+        }
+        Some(owner) => owner,
+        None => caller.name,
+    };
+    match app.records().status(&owner, &key).await {
         Ok(Some(Ok(saved))) => idempotent::replay(saved),
         Ok(Some(Err(_))) => HttpAnswer::json(
             StatusCode::ACCEPTED,

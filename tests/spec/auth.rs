@@ -480,7 +480,7 @@ async fn security_of(s: &Service) -> Vec<serde_json::Value> {
 /// key is optional (`security` lists `{}` beside the key); once a key exists (`auto`) it
 /// is required, and with `required` it always is. Each operation names the scope it needs:
 /// `approve` (or `checkout`, for its own) for the approvals, `approve` to decide one,
-/// `checkout` for POST /checkout and its operations; `checkout` (its own) or `read` for a
+/// `checkout` for POST /checkout; `checkout` (its own) or `read` for an operation and a
 /// receipt. In the document's order of paths.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_document_declares_the_key_optional_only_while_open() {
@@ -493,7 +493,7 @@ async fn the_document_declares_the_key_optional_only_while_open() {
         vec![&approve],
         vec![&approve],
         vec![&checkout],
-        vec![&checkout],
+        vec![&checkout, &read],
         vec![&checkout, &read],
     ];
     let open = serde_json::json!({});

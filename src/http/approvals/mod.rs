@@ -35,9 +35,9 @@ pub use answers::{ApprovalErrors, ApprovalView, PausedResponse};
 use answers::{denied_answer, expired_answer, saved};
 pub(crate) use answers::{location_of, pause};
 
-/// Whether `caller` may see and decide every approval (scope `approve`).
-fn may_decide(caller: &Caller) -> bool {
-    caller.has(Scope::Approve)
+/// Whether `caller` may see every caller's approvals (scope `approve`, or `read`).
+fn sees_all(caller: &Caller) -> bool {
+    caller.has(Scope::Approve) || caller.has(Scope::Read)
 }
 
 fn not_found(id: &str) -> Response {
@@ -81,7 +81,7 @@ pub struct ApprovalList {
     operation_id = "listApprovals",
     tag = "approvals",
     summary = "Approvals, newest first",
-    description = "Every caller's with scope `approve`; otherwise the caller's own.",
+    description = "Every caller's with scope `approve` or `read`; otherwise the caller's own.",
     params(ApprovalsQuery),
     security(("api_key" = ["approve"]), ("api_key" = ["checkout"])),
     responses(
@@ -98,7 +98,7 @@ pub async fn list(
     if !(1..=1000).contains(&limit) {
         return Problem::invalid("limit", "limit is from 1 to 1000").into_response();
     }
-    let own = (!may_decide(&caller)).then_some(caller.name.as_str());
+    let own = (!sees_all(&caller)).then_some(caller.name.as_str());
     match app.approvals().list(query.status, own, limit).await {
         Ok(found) => axum::Json(ApprovalList {
             approvals: found.iter().map(ApprovalView::from).collect(),
@@ -114,7 +114,7 @@ pub async fn list(
     operation_id = "getApproval",
     tag = "approvals",
     summary = "One approval",
-    description = "Scope `approve`, or the caller that asked for the checkout; anyone else's is 404.",
+    description = "Scope `approve` or `read`, or the caller that asked for the checkout; anyone else's is 404.",
     params(("id" = uuid::Uuid, Path, description = "The approval's id (a UUID)")),
     security(("api_key" = ["approve"]), ("api_key" = ["checkout"])),
     responses(
@@ -131,7 +131,7 @@ pub async fn get(
         return bad_id(&id);
     };
     match app.approvals().get(uuid).await {
-        Ok(Some(approval)) if may_decide(&caller) || approval.caller == caller.name => {
+        Ok(Some(approval)) if sees_all(&caller) || approval.caller == caller.name => {
             axum::Json(ApprovalView::from(&approval)).into_response()
         }
         Ok(_) => not_found(&id),
