@@ -11,6 +11,7 @@ use utoipa::openapi::example::ExampleBuilder;
 use utoipa::openapi::{ContentBuilder, Ref, RefOr, ResponseBuilder};
 
 use super::answer::HttpAnswer;
+use crate::assistant::{ChargeReport, ChargeStatus};
 use crate::caller::AuthRefusal;
 
 pub const PROBLEM_JSON: &str = "application/problem+json";
@@ -192,10 +193,12 @@ pub struct ProblemBody {
     /// For checkout failures and `amount_conflict`: the order's receipt, when charged.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub receipt_id: Option<String>,
-    /// For `amount_conflict`: the amount the order was charged.
+    /// For checkout failures and `amount_conflict`: the amount the order was charged,
+    /// when charged.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub charged_amount: Option<String>,
-    /// For `amount_conflict`: the currency the order was charged in.
+    /// For checkout failures and `amount_conflict`: the currency the order was charged
+    /// in, when charged.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub charged_currency: Option<String>,
     /// For `payment_declined`: the payment provider's decline code.
@@ -205,6 +208,21 @@ pub struct ProblemBody {
     /// the payment.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub payment_id: Option<String>,
+}
+
+impl ProblemBody {
+    /// What a failed checkout leaves of the order's charge: whether the order is charged
+    /// (by any operation), whether this operation charged it, and the order's receipt,
+    /// amount and currency when it is charged.
+    pub fn charge(&mut self, report: &ChargeReport) {
+        self.order_charged = Some(report.order.known());
+        self.charged = Some(report.this_checkout.known());
+        if let ChargeStatus::Charged(receipt) = &report.order {
+            self.receipt_id = Some(receipt.id.to_string());
+            self.charged_amount = Some(receipt.amount.decimal());
+            self.charged_currency = Some(receipt.amount.currency().code().to_owned());
+        }
+    }
 }
 
 /// An error answer. Build with [`Problem::new`], fill in `body`, return it.

@@ -27,6 +27,18 @@ pub fn order_id() -> Schema {
         .into()
 }
 
+/// An order id as a type, for the parameters a handler's `#[utoipa::path]` names:
+/// `("orderId" = inline(schema::OrderIdText), Path, ..)`.
+pub struct OrderIdText;
+
+impl utoipa::PartialSchema for OrderIdText {
+    fn schema() -> RefOr<Schema> {
+        RefOr::T(order_id())
+    }
+}
+
+impl utoipa::ToSchema for OrderIdText {}
+
 /// The maximum amount of the default settings, which the document names unless
 /// [`with_max_amount`] puts the configured one in.
 pub fn default_max_amount() -> u64 {

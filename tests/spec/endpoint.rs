@@ -67,6 +67,8 @@ both_backends!(
         assert_eq!(problem["code"], "amount_conflict");
         assert_eq!(problem["receiptId"], first["receipt"]["id"]);
         assert_eq!(problem["chargedAmount"], "10.00");
+        assert_eq!(problem["orderCharged"], true);
+        assert_eq!(problem["charged"], false);
         assert_eq!(h.db.receipts("A-102").await, 1);
         assert_eq!(h.get("/receipts/A-102").await.json()["amount"], "10.00");
     }

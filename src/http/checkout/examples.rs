@@ -30,6 +30,7 @@ impl IntoResponses for CheckoutErrors {
             "order A-100 was already charged 42.50 USD, not 43.00 USD; nothing was charged",
         );
         conflict.body.order_charged = Some(Some(true));
+        conflict.body.charged = Some(Some(false));
         conflict.body.receipt_id = Some(receipt.to_owned());
         conflict.body.charged_amount = Some("42.50".to_owned());
         conflict.body.charged_currency = Some("USD".to_owned());

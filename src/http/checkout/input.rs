@@ -1,9 +1,6 @@
 //! What a checkout request says: the order, given once, in the query string, checked
 //! field by field; and the answer format the client asked for.
 
-use axum::extract::FromRequestParts;
-use axum::http::header;
-use axum::http::request::Parts;
 use serde::Deserialize;
 use utoipa::IntoParams;
 use utoipa::openapi::Required;
@@ -11,6 +8,7 @@ use utoipa::openapi::path::{Parameter, ParameterBuilder, ParameterIn};
 use utoipa::openapi::schema::Schema;
 
 use crate::http::error::Problem;
+use crate::http::extract::Format;
 use crate::http::schema;
 use crate::outbox::Recipient;
 use crate::payments::{Currency, Money, Order, OrderId, PaymentMethod};
@@ -159,72 +157,4 @@ pub(super) fn recipient(query: Option<String>) -> Result<Option<Recipient>, Prob
             Recipient::parse(&text).map_err(|err| Problem::invalid("email", format!("email {err}")))
         })
         .transpose()
-}
-
-/// JSON unless the client prefers `text/plain`.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Format {
-    Json,
-    Text,
-}
-
-impl<S: Send + Sync> FromRequestParts<S> for Format {
-    type Rejection = std::convert::Infallible;
-
-    async fn from_request_parts(parts: &mut Parts, _: &S) -> Result<Self, Self::Rejection> {
-        Ok(Format::from_accept(&parts.headers))
-    }
-}
-
-impl Format {
-    pub fn from_accept(headers: &axum::http::HeaderMap) -> Format {
-        let Some(accept) = headers.get(header::ACCEPT).and_then(|v| v.to_str().ok()) else {
-            return Format::Json;
-        };
-        let (mut json, mut text) = (0.0_f32, 0.0_f32);
-        for range in accept.split(',') {
-            let mut parts = range.split(';').map(str::trim);
-            let media = parts.next().unwrap_or_default().to_ascii_lowercase();
-            let q = parts
-                .find_map(|p| p.strip_prefix("q="))
-                .and_then(|q| q.parse::<f32>().ok())
-                .unwrap_or(1.0);
-            match media.as_str() {
-                "application/json" | "application/*" => json = json.max(q),
-                "text/plain" | "text/*" => text = text.max(q),
-                "*/*" => {
-                    json = json.max(q * 0.99);
-                    text = text.max(q * 0.98);
-                }
-                _ => {}
-            }
-        }
-        if text > json {
-            Format::Text
-        } else {
-            Format::Json
-        }
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-    use axum::http::{HeaderMap, HeaderValue};
-
-    #[test]
-    fn accept_picks_text_only_when_preferred() {
-        let format = |v: &str| {
-            let mut h = HeaderMap::new();
-            h.insert(header::ACCEPT, HeaderValue::from_str(v).unwrap());
-            Format::from_accept(&h)
-        };
-        assert_eq!(format("text/plain"), Format::Text);
-        assert_eq!(format("application/json"), Format::Json);
-        assert_eq!(format("*/*"), Format::Json);
-        assert_eq!(format("text/plain, application/json;q=0.5"), Format::Text);
-        assert_eq!(format("application/json, text/plain;q=0.9"), Format::Json);
-        assert_eq!(format("text/html"), Format::Json);
-        assert_eq!(Format::from_accept(&HeaderMap::new()), Format::Json);
-    }
 }
