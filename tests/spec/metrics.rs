@@ -17,7 +17,7 @@ async fn the_scrape_counts_exactly_the_checkouts_retries_timeouts_and_keys_made(
     // The first request of round 1 is answered 503 once: the request retry repeats it.
     // A request timeout of 1 s, well above the 500 ms of the slow answer below.
     let h = Harness::with(Backend::Sqlite, "503@1x1", |s| {
-        s.request.timeout = Duration::from_millis(1_000)
+        s.model_request.timeout = Duration::from_millis(1_000)
     })
     .await;
 
@@ -321,8 +321,8 @@ async fn loop_retries_and_retry_budget_refusals_are_counted_apart_from_request_r
 
     // An empty retry budget refuses the request retry: counted as a refusal, not a retry.
     let h = Harness::with(Backend::Sqlite, "503@1x1", |s| {
-        s.request.budget_percent = 0;
-        s.request.budget_min_per_sec = 0;
+        s.model_request.budget_percent = 0;
+        s.model_request.budget_min_per_sec = 0;
     })
     .await;
     let reply = h.checkout("D-2", "1").await;
