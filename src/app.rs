@@ -313,7 +313,7 @@ fn model_chain(
 ) -> Result<ModelChain, StartError> {
     let endpoints = std::iter::once(primary.clone()).chain(settings.fallback_endpoints());
     let client = ClientSettings {
-        retry: settings.request.clone(),
+        retry: settings.model_request.clone(),
         breaker: settings.model.breaker,
         transport: settings.model.transport,
     };

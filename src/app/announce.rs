@@ -226,21 +226,21 @@ pub(super) fn chain(settings: &Settings, db: &Database, model: &ModelInfo) {
     tracing::info!(
         layer = 5,
         unit = "one chat-completions HTTP request",
-        max_retries = settings.request.max_retries,
+        max_retries = settings.model_request.max_retries,
         "[5] request retry: repeats one model request up to {} more time(s), backoff {}..{} ms with jitter, Retry-After honoured up to {} ms, retry budget {}% + {}/s shared by all requests; on connect errors, timeouts, 408, 429 (not insufficient_quota), 500, 502, 503, 504; never on 400, 401, 403, 404, 422",
-        settings.request.max_retries,
-        ms(settings.request.backoff_min),
-        ms(settings.request.backoff_max),
-        ms(settings.request.retry_after_max),
-        settings.request.budget_percent,
-        settings.request.budget_min_per_sec
+        settings.model_request.max_retries,
+        ms(settings.model_request.backoff_min),
+        ms(settings.model_request.backoff_max),
+        ms(settings.model_request.retry_after_max),
+        settings.model_request.budget_percent,
+        settings.model_request.budget_min_per_sec
     );
     tracing::info!(
         layer = 6,
         unit = "one chat-completions HTTP request",
-        timeout_ms = ms(settings.request.timeout),
+        timeout_ms = ms(settings.model_request.timeout),
         "[6] request timeout: {} ms per model request",
-        ms(settings.request.timeout)
+        ms(settings.model_request.timeout)
     );
     match settings.stripe() {
         None => tracing::info!(
@@ -286,11 +286,11 @@ pub(super) fn endpoints(settings: &Settings, chain: &ModelChain) {
     for (i, client) in chain.endpoints().iter().enumerate() {
         let role = if i == 0 { "primary" } else { "fallback" };
         tracing::info!(
-            endpoint = client.breaker().endpoint(),
+            endpoint = client.name(),
             role,
             "model endpoint {}: {} ({role}), its own client, request retry, request timeout and circuit breaker",
             i + 1,
-            client.breaker().endpoint()
+            client.name()
         );
     }
     let breaker = settings.model.breaker;

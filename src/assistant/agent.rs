@@ -181,7 +181,7 @@ impl Inner {
                         .complete(&mut chat, round, ctx.request_counter())
                         .await;
                     let (completion, endpoint) = asked.map_err(FailureKind::Model)?;
-                    let label = endpoint.breaker().endpoint();
+                    let name = endpoint.name();
                     ctx.answered_by(endpoint.model());
                     ctx.used(&completion);
                     // Journaled with the first tool result it leads to (in the tool's
@@ -192,7 +192,7 @@ impl Inner {
                         &completion.message,
                         completion.usage,
                         &pins,
-                        label,
+                        name,
                     ));
                     completion.message
                 }

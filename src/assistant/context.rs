@@ -341,6 +341,26 @@ pub struct ChargeReport {
     pub this_checkout: ChargeStatus,
 }
 
+impl ChargeReport {
+    /// The order was charged before, by another operation: `receipt`.
+    pub fn charged_before(receipt: Receipt) -> ChargeReport {
+        ChargeReport {
+            order_id: receipt.order_id.clone(),
+            order: ChargeStatus::Charged(receipt),
+            this_checkout: ChargeStatus::NotCharged,
+        }
+    }
+
+    /// Nothing was charged: the payment provider ended the attempt.
+    pub fn not_charged(order_id: OrderId) -> ChargeReport {
+        ChargeReport {
+            order_id,
+            order: ChargeStatus::NotCharged,
+            this_checkout: ChargeStatus::NotCharged,
+        }
+    }
+}
+
 impl fmt::Display for ChargeReport {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         let order = &self.order_id;

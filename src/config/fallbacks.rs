@@ -123,7 +123,7 @@ mod tests {
         ];
         let s = load(file, &env).unwrap();
         let endpoints = s.fallback_endpoints();
-        let shown: Vec<String> = endpoints.iter().map(ModelEndpoint::label).collect();
+        let shown: Vec<String> = endpoints.iter().map(ModelEndpoint::name).collect();
         assert_eq!(
             shown,
             ["main@http://a:1/v1", "b@http://b:1/v1", "c@https://c/v1"]

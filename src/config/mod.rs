@@ -44,7 +44,7 @@ pub struct Settings {
     pub database: DatabaseSettings,
     pub model: ModelSettings,
     /// One chat-completions request: its timeout and retry.
-    pub request: RequestRetrySettings,
+    pub model_request: RequestRetrySettings,
     /// The whole assistant loop: its timeout, retry and rounds.
     pub assistant: AssistantSettings,
     pub idempotency: IdempotencySettings,
@@ -260,7 +260,7 @@ impl Default for Settings {
                 },
                 transport: TransportSettings::default(),
             },
-            request: RequestRetrySettings {
+            model_request: RequestRetrySettings {
                 timeout: Duration::from_millis(10_000),
                 max_retries: 2,
                 backoff_min: Duration::from_millis(200),
@@ -316,11 +316,11 @@ impl Settings {
     /// Combinations that cannot work.
     fn check(&self) -> Result<(), ConfigError> {
         let ms = |d: Duration| d.as_millis();
-        if self.assistant.retry.timeout <= self.request.timeout {
+        if self.assistant.retry.timeout <= self.model_request.timeout {
             return Err(ConfigError::Combination(format!(
                 "CHECKOUT_LOOP_TIMEOUT_MS ({}) must be longer than CHECKOUT_REQUEST_TIMEOUT_MS ({}): a loop that cannot outlast one model request can never finish a round",
                 ms(self.assistant.retry.timeout),
-                ms(self.request.timeout)
+                ms(self.model_request.timeout)
             )));
         }
         let worst = self.loop_worst_case();
@@ -333,7 +333,7 @@ impl Settings {
                 ms(self.assistant.retry.timeout)
             )));
         }
-        if self.request.backoff_min > self.request.backoff_max {
+        if self.model_request.backoff_min > self.model_request.backoff_max {
             return Err(ConfigError::Combination(
                 "CHECKOUT_REQUEST_BACKOFF_MS must not exceed CHECKOUT_REQUEST_BACKOFF_MAX_MS"
                     .into(),

@@ -22,9 +22,9 @@ fn the_shipped_file_gives_the_documented_defaults() {
     assert_eq!(s.server.listen.to_string(), "127.0.0.1:8080");
     assert_eq!(s.database.url, "sqlite://checkout.db");
     assert_eq!(s.model.name, "gpt-4o-mini");
-    assert_eq!(s.request.timeout, Duration::from_millis(10_000));
+    assert_eq!(s.model_request.timeout, Duration::from_millis(10_000));
     assert_eq!(
-        (s.request.max_retries, s.assistant.retry.max_retries),
+        (s.model_request.max_retries, s.assistant.retry.max_retries),
         (2, 2)
     );
     assert_eq!(s.assistant.retry.timeout, Duration::from_millis(30_000));

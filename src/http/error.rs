@@ -11,6 +11,7 @@ use utoipa::openapi::example::ExampleBuilder;
 use utoipa::openapi::{ContentBuilder, Ref, RefOr, ResponseBuilder};
 
 use super::answer::HttpAnswer;
+use crate::assistant::{ChargeReport, ChargeStatus};
 use crate::caller::AuthRefusal;
 
 pub const PROBLEM_JSON: &str = "application/problem+json";
@@ -102,8 +103,11 @@ impl Code {
             Code::ContentTooLarge => StatusCode::PAYLOAD_TOO_LARGE,
             Code::Unauthorized => StatusCode::UNAUTHORIZED,
             Code::PaymentDeclined | Code::PaymentRequiresAction => StatusCode::PAYMENT_REQUIRED,
-            Code::AmountConflict | Code::InFlight => StatusCode::CONFLICT,
-            Code::KeyReuse => StatusCode::UNPROCESSABLE_ENTITY,
+            // A key bound to another request is a conflict with the key's state (RFC 9110
+            // §15.5.10), as one still running is: the request itself is valid, and is
+            // taken with a new key. (The IETF draft suggests 422, which says the request
+            // cannot be processed at all.)
+            Code::AmountConflict | Code::InFlight | Code::KeyReuse => StatusCode::CONFLICT,
             Code::ModelError | Code::ModelDidNotCharge | Code::ProviderError => {
                 StatusCode::BAD_GATEWAY
             }
@@ -189,10 +193,12 @@ pub struct ProblemBody {
     /// For checkout failures and `amount_conflict`: the order's receipt, when charged.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub receipt_id: Option<String>,
-    /// For `amount_conflict`: the amount the order was charged.
+    /// For checkout failures and `amount_conflict`: the amount the order was charged,
+    /// when charged.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub charged_amount: Option<String>,
-    /// For `amount_conflict`: the currency the order was charged in.
+    /// For checkout failures and `amount_conflict`: the currency the order was charged
+    /// in, when charged.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub charged_currency: Option<String>,
     /// For `payment_declined`: the payment provider's decline code.
@@ -207,6 +213,21 @@ pub struct ProblemBody {
     #[serde(skip_serializing_if = "Option::is_none")]
     #[schema(example = "20.00")]
     pub budget_left: Option<String>,
+}
+
+impl ProblemBody {
+    /// What a failed checkout leaves of the order's charge: whether the order is charged
+    /// (by any operation), whether this operation charged it, and the order's receipt,
+    /// amount and currency when it is charged.
+    pub fn charge(&mut self, report: &ChargeReport) {
+        self.order_charged = Some(report.order.known());
+        self.charged = Some(report.this_checkout.known());
+        if let ChargeStatus::Charged(receipt) = &report.order {
+            self.receipt_id = Some(receipt.id.to_string());
+            self.charged_amount = Some(receipt.amount.decimal());
+            self.charged_currency = Some(receipt.amount.currency().code().to_owned());
+        }
+    }
 }
 
 /// An error answer. Build with [`Problem::new`], fill in `body`, return it.

@@ -130,7 +130,7 @@ pub async fn ready(State(app): State<AppState>) -> Response {
                 .breakers
                 .iter()
                 .map(|b| EndpointReady {
-                    endpoint: b.endpoint().to_owned(),
+                    endpoint: b.name().to_owned(),
                     breaker: b.state().as_str(),
                 })
                 .collect(),

@@ -1,21 +1,16 @@
-//! The `Idempotency-Key` header, and running a piece of work once per key: replay a
-//! finished answer, refuse a key reused for another request or still running, or run the
-//! work under a lease. Knows nothing of what the work is; a handler hands it a future.
+//! Running a piece of work once per `Idempotency-Key` (the header is read by
+//! [`IdempotencyKey`](super::extract::IdempotencyKey)): replay a finished answer, refuse
+//! a key reused for another request or still running, or run the work under a lease. Knows nothing of what the work is; a handler hands it a future.
 
 use std::panic::AssertUnwindSafe;
 use std::pin::Pin;
 use std::task::{Context, Poll};
 use std::time::Duration;
 
-use axum::extract::FromRequestParts;
 use axum::http::HeaderValue;
-use axum::http::request::Parts;
 use axum::response::{IntoResponse, Response};
 use futures_util::future::BoxFuture;
 use tracing::Instrument;
-use utoipa::IntoParams;
-use utoipa::openapi::path::{Parameter, ParameterBuilder, ParameterIn};
-use utoipa::openapi::{ObjectBuilder, Required, Type};
 
 use super::admission::Slot;
 use super::answer::HttpAnswer;
@@ -26,90 +21,7 @@ use crate::idempotency::{self, Begin, Fingerprint, Lease, PAUSED, Saved};
 use crate::metrics::KeyOutcome;
 use crate::payments::OperationKey;
 
-pub const HEADER: &str = "idempotency-key";
 pub const REPLAYED: &str = "idempotent-replayed";
-
-/// What the header may hold, as [`IdempotencyKey`] reads it: a bare token of printable
-/// ASCII, or a structured-field string whose content (`\"` and `\\` escaped) is that.
-const PATTERN: &str = r#"^([!#-~]([ -~]{0,253}[!-~])?|"([ !#-\[\]-~]|\\["\\]){1,255}")$"#;
-
-/// The client's `Idempotency-Key`, if it sent one: a structured-field string (`"…"`,
-/// RFC 8941) as the IETF draft has it, or a bare token, which many clients send.
-#[derive(Debug)]
-pub struct IdempotencyKey(pub Option<OperationKey>);
-
-impl<S: Send + Sync> FromRequestParts<S> for IdempotencyKey {
-    type Rejection = Problem;
-
-    async fn from_request_parts(parts: &mut Parts, _: &S) -> Result<Self, Problem> {
-        let mut values = parts.headers.get_all(HEADER).iter();
-        let Some(value) = values.next() else {
-            return Ok(IdempotencyKey(None));
-        };
-        let invalid = |detail: String| Problem::invalid("Idempotency-Key", detail);
-        if values.next().is_some() {
-            return Err(invalid(
-                "send one Idempotency-Key header, not several".into(),
-            ));
-        }
-        let text = value
-            .to_str()
-            .map_err(|_| invalid("Idempotency-Key may hold only printable ASCII".into()))?
-            .trim();
-        let key = match text.strip_prefix('"') {
-            Some(rest) => {
-                let inner = rest.strip_suffix('"').ok_or_else(|| {
-                    invalid("Idempotency-Key starts a quoted string but does not end it".into())
-                })?;
-                let mut key = String::with_capacity(inner.len());
-                let mut chars = inner.chars();
-                while let Some(c) = chars.next() {
-                    match c {
-                        '\\' => match chars.next() {
-                            Some(escaped @ ('"' | '\\')) => key.push(escaped),
-                            _ => {
-                                return Err(invalid(
-                                    "Idempotency-Key has a bad escape; only \\\" and \\\\ are allowed"
-                                        .into(),
-                                ));
-                            }
-                        },
-                        '"' => {
-                            return Err(invalid("Idempotency-Key has an unescaped quote".into()));
-                        }
-                        c => key.push(c),
-                    }
-                }
-                key
-            }
-            None => text.to_owned(),
-        };
-        OperationKey::from_client(&key)
-            .map(|key| IdempotencyKey(Some(key)))
-            .map_err(|err| invalid(format!("Idempotency-Key {err}")))
-    }
-}
-
-impl IntoParams for IdempotencyKey {
-    fn into_params(_: impl Fn() -> Option<ParameterIn>) -> Vec<Parameter> {
-        let schema = ObjectBuilder::new()
-            .schema_type(Type::String)
-            .min_length(Some(1))
-            .pattern(Some(PATTERN))
-            .examples([serde_json::json!("\"order-A-100\"")]);
-        vec![
-            ParameterBuilder::new()
-                .name("Idempotency-Key")
-                .parameter_in(ParameterIn::Header)
-                .required(Required::False)
-                .description(Some(
-                    "Makes a retried POST safe to send: the same key with the same order replays the first answer. A structured-field string (`\"k-1\"`) or a bare token, 1–255 printable ASCII characters.",
-                ))
-                .schema(Some(schema))
-                .build(),
-        ]
-    }
-}
 
 /// Runs `work` once for `key`: the first request with the key runs it and saves a final
 /// answer; a repeat with the same `fingerprint` gets that answer back, byte for byte.
@@ -354,35 +266,4 @@ pub(crate) fn replay(saved: Saved) -> Response {
 
 fn whole_seconds(d: Duration) -> u64 {
     d.as_millis().div_ceil(1000).max(1) as u64
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-    use axum::http::Request;
-
-    async fn key(value: Option<&str>) -> Result<Option<String>, Problem> {
-        let mut request = Request::builder();
-        if let Some(value) = value {
-            request = request.header(HEADER, value);
-        }
-        let (mut parts, ()) = request.body(()).unwrap().into_parts();
-        IdempotencyKey::from_request_parts(&mut parts, &())
-            .await
-            .map(|IdempotencyKey(key)| key.map(|k| k.to_string()))
-    }
-
-    #[tokio::test]
-    async fn idempotency_keys_are_sf_strings_or_tokens() {
-        assert_eq!(key(Some("\"k-1\"")).await.unwrap().unwrap(), "k-1");
-        assert_eq!(
-            key(Some("\"a \\\"b\\\" \\\\c\"")).await.unwrap().unwrap(),
-            "a \"b\" \\c"
-        );
-        assert_eq!(key(Some("k-1")).await.unwrap().unwrap(), "k-1");
-        assert!(key(Some("\"open")).await.is_err());
-        assert!(key(Some("\"\"")).await.is_err());
-        assert!(key(Some(&"x".repeat(256))).await.is_err());
-        assert!(key(None).await.unwrap().is_none());
-    }
 }

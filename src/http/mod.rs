@@ -15,6 +15,7 @@ pub mod operations;
 pub mod rate_limit;
 pub mod receipts;
 pub mod recovery;
+pub mod schema;
 pub mod serve;
 pub mod state;
 
@@ -92,8 +93,10 @@ pub fn router(state: AppState) -> Router {
         .merge(SwaggerUi::new("/swagger-ui").config(utoipa_swagger_ui::Config::from(api_doc::PATH)))
         .route(
             api_doc::PATH,
-            axum::routing::get(api_doc::serve)
-                .with_state((state.clone(), api_doc::ApiDocs::new(api))),
+            axum::routing::get(api_doc::serve).with_state((
+                state.clone(),
+                api_doc::ApiDocs::new(schema::with_max_amount(api, settings.payments.max_amount)),
+            )),
         )
         .fallback(|| async { Problem::new(Code::NotFound, "no such endpoint; see /swagger-ui/") })
         // One stack, applied once: each `Router::layer` boxes every request's future

@@ -9,6 +9,7 @@ use utoipa::IntoResponses;
 use utoipa::openapi::{RefOr, Response as DocResponse};
 
 use super::error::{Code, Problem, documented};
+use super::schema;
 use super::state::AppState;
 use crate::caller::{AuthRefusal, Caller, Scope};
 use crate::payments::OrderId;
@@ -60,7 +61,7 @@ fn unavailable(err: impl std::fmt::Display) -> Problem {
     summary = "The receipt of a charged order",
     description = "A caller reads the receipts of its own checkouts; with the API key scope `read`, every caller's. Another caller's receipt is 404, as an order not charged.",
     security(("api_key" = ["checkout"]), ("api_key" = ["read"])),
-    params(("orderId" = String, Path, description = "The order id: 1–64 of `A-Z a-z 0-9 . _ : -`, starting with a letter or digit", example = "A-100", min_length = 1, max_length = 64, pattern = "^[A-Za-z0-9][A-Za-z0-9._:-]{0,63}$")),
+    params(("orderId" = inline(schema::OrderIdText), Path, description = schema::ORDER_ID, example = "A-100")),
     responses(
         (status = 200, description = "The order is charged", body = ReceiptView),
         ReceiptErrors,

@@ -72,10 +72,10 @@ pub struct Breaker(Arc<Shared>);
 
 struct Shared {
     /// The endpoint, as the log and `/health/ready` name it (`model@base_url`).
-    endpoint: String,
+    name: String,
     /// As the metrics name it: `model#position`, without the URL (an address is never a
     /// label).
-    label: String,
+    metric_label: String,
     settings: BreakerSettings,
     metrics: Metrics,
     circuit: Mutex<Circuit>,
@@ -92,7 +92,7 @@ struct Circuit {
 
 impl std::fmt::Debug for Breaker {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        write!(f, "Breaker({}: {})", self.0.endpoint, self.state().as_str())
+        write!(f, "Breaker({}: {})", self.0.name, self.state().as_str())
     }
 }
 
@@ -104,15 +104,15 @@ enum Admission {
 
 impl Breaker {
     pub fn new(
-        endpoint: String,
-        label: String,
+        name: String,
+        metric_label: String,
         settings: BreakerSettings,
         metrics: &Metrics,
     ) -> Breaker {
-        metrics.breaker_state(&label, BreakerState::Closed.as_str());
+        metrics.breaker_state(&metric_label, BreakerState::Closed.as_str());
         Breaker(Arc::new(Shared {
-            endpoint,
-            label,
+            name,
+            metric_label,
             settings,
             metrics: metrics.clone(),
             circuit: Mutex::new(Circuit {
@@ -124,13 +124,16 @@ impl Breaker {
         }))
     }
 
-    pub fn endpoint(&self) -> &str {
-        &self.0.endpoint
+    /// The endpoint's name (`model@base_url`, [`ModelEndpoint::name`]).
+    ///
+    /// [`ModelEndpoint::name`]: crate::model::ModelEndpoint::name
+    pub fn name(&self) -> &str {
+        &self.0.name
     }
 
-    /// The endpoint's name in the metrics.
-    pub fn label(&self) -> &str {
-        &self.0.label
+    /// The endpoint's name in the metrics (`model#position`).
+    pub fn metric_label(&self) -> &str {
+        &self.0.metric_label
     }
 
     /// The state as of the last request: an open breaker whose time is up reads open
@@ -204,13 +207,13 @@ impl Breaker {
             circuit.opened_at = Instant::now();
         }
         let Shared {
-            endpoint,
-            label,
+            name: endpoint,
+            metric_label,
             settings,
             metrics,
             ..
         } = &*self.0;
-        metrics.breaker_transition(label, from.as_str(), state.as_str());
+        metrics.breaker_transition(metric_label, from.as_str(), state.as_str());
         let (from, to) = (from.as_str(), state.as_str());
         match state {
             BreakerState::Open => tracing::warn!(
@@ -288,7 +291,10 @@ where
 
     fn call(&mut self, mut call: ModelCall) -> Self::Future {
         let Some(admission) = self.breaker.admit() else {
-            self.breaker.0.metrics.breaker_refused(self.breaker.label());
+            self.breaker
+                .0
+                .metrics
+                .breaker_refused(self.breaker.metric_label());
             let err = ModelError::new(ModelErrorKind::CircuitOpen);
             return Box::pin(std::future::ready(Err(Box::new(err) as BoxError)));
         };

@@ -67,13 +67,13 @@ impl ModelChain {
             match endpoint.complete(chat, round, sent.clone(), failover).await {
                 Ok(completion) => {
                     if i > 0 {
-                        self.metrics().fallback_turn(endpoint.breaker().label());
+                        self.metrics().fallback_turn(endpoint.metric_label());
                     }
                     return Ok((completion, endpoint));
                 }
                 Err(err) if failover && err.fails_over() => {
-                    let next = self.endpoints[i + 1].breaker().endpoint();
-                    let from = endpoint.breaker().endpoint();
+                    let next = self.endpoints[i + 1].name();
+                    let from = endpoint.name();
                     let said = "fallback: this turn goes to the next model endpoint, continuing the same conversation";
                     // An open breaker said so once, when it opened; not on every turn.
                     if matches!(err.kind, ModelErrorKind::CircuitOpen) {

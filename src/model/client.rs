@@ -41,8 +41,9 @@ pub struct ModelEndpoint {
 }
 
 impl ModelEndpoint {
-    /// How the log, the metrics, `/health/ready` and the journal name the endpoint.
-    pub fn label(&self) -> String {
+    /// How the log, `/health/ready` and the journal name the endpoint (the metrics name
+    /// it by its model and position: [`ModelClient::metric_label`]).
+    pub fn name(&self) -> String {
         format!("{}@{}", self.model, self.base_url)
     }
 }
@@ -55,6 +56,10 @@ pub const MAX_TOOL_CALLS: usize = 16;
 pub struct ModelClient {
     stack: BoxCloneSyncService<ModelCall, ChatResponse, BoxError>,
     model: Arc<str>,
+    /// `model@base_url`: [`ModelEndpoint::name`].
+    name: Arc<str>,
+    /// `model#position`: the metrics' name, without the URL (an address is never a label).
+    metric_label: Arc<str>,
     breaker: Breaker,
     metrics: Metrics,
 }
@@ -89,13 +94,19 @@ impl ModelClient {
             }
             None => None,
         };
-        let transport = ChatTransport(Arc::new(Endpoint {
+        let transport = ChatTransport(Arc::new(ChatPost {
             transport,
             authorization,
         }));
         let target = metrics.genai_target(genai::PROVIDER, &endpoint.model);
-        let label = format!("{}#{position}", endpoint.model);
-        let breaker = Breaker::new(endpoint.label(), label, settings.breaker, metrics);
+        let name = endpoint.name();
+        let metric_label = format!("{}#{position}", endpoint.model);
+        let breaker = Breaker::new(
+            name.clone(),
+            metric_label.clone(),
+            settings.breaker,
+            metrics,
+        );
         let retry = &settings.retry;
         let stack = ServiceBuilder::new()
             .retry(RequestRetry::new(retry, metrics))
@@ -106,6 +117,8 @@ impl ModelClient {
         Ok(ModelClient {
             stack: BoxCloneSyncService::new(stack),
             model: endpoint.model.as_str().into(),
+            name: name.into(),
+            metric_label: metric_label.into(),
             breaker,
             metrics: metrics.clone(),
         })
@@ -115,7 +128,17 @@ impl ModelClient {
         &self.model
     }
 
-    /// The endpoint's circuit breaker, which also names it ([`ModelEndpoint::label`]).
+    /// How the log, `/health/ready` and the journal name the endpoint: `model@base_url`.
+    pub fn name(&self) -> &str {
+        &self.name
+    }
+
+    /// How the metrics name the endpoint: `model#position`.
+    pub fn metric_label(&self) -> &str {
+        &self.metric_label
+    }
+
+    /// The endpoint's circuit breaker.
     pub fn breaker(&self) -> &Breaker {
         &self.breaker
     }
@@ -188,9 +211,11 @@ pub struct Completion {
 
 /// The innermost service: one POST, one answer, no retries of its own.
 #[derive(Clone)]
-struct ChatTransport(Arc<Endpoint>);
+struct ChatTransport(Arc<ChatPost>);
 
-struct Endpoint {
+/// How one chat-completions POST is made: the transport to the endpoint's URI, and the
+/// Authorization header.
+struct ChatPost {
     transport: Transport,
     /// `Bearer <key>`, marked sensitive.
     authorization: Option<HeaderValue>,
@@ -206,12 +231,12 @@ impl Service<ModelCall> for ChatTransport {
     }
 
     fn call(&mut self, call: ModelCall) -> Self::Future {
-        let endpoint = self.0.clone();
-        Box::pin(async move { endpoint.send(call).await })
+        let post = self.0.clone();
+        Box::pin(async move { post.send(call).await })
     }
 }
 
-impl Endpoint {
+impl ChatPost {
     async fn send(&self, call: ModelCall) -> Result<ChatResponse, ModelError> {
         call.sending();
         tracing::debug!(

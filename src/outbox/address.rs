@@ -8,10 +8,13 @@ use lettre::Address;
 /// The most an address may have (RFC 5321's path limit less its angle brackets).
 pub const MAX_LEN: usize = 254;
 
-/// What an address may be, as the API document says it (the derive macros take only
-/// literals, so the handler's parameter repeats it): dot-separated atoms of letters,
+/// The most an address may have before its `@` (RFC 5321's local-part limit).
+pub const LOCAL_MAX_LEN: usize = 64;
+
+/// What an address may be, as the API document says it: dot-separated atoms of letters,
 /// digits and `_ % + -` before the `@`, a host name after it. Narrower than RFC 5322 on
-/// purpose: no quoted local parts, no comments, no IP literals.
+/// purpose: no quoted local parts, no comments, no IP literals. It does not say
+/// [`LOCAL_MAX_LEN`], which a pattern of this shape can only say with a lookahead.
 pub const PATTERN: &str = "^[A-Za-z0-9_%+-]+(\\.[A-Za-z0-9_%+-]+)*@[A-Za-z0-9]([A-Za-z0-9-]{0,61}[A-Za-z0-9])?(\\.[A-Za-z0-9]([A-Za-z0-9-]{0,61}[A-Za-z0-9])?)*$";
 
 /// One email address (`local@domain`), checked: no display name, no list, no spaces.
@@ -35,10 +38,14 @@ impl Recipient {
         if text.contains([',', ';', '<', '>']) {
             return Err("must be one address (local@domain), not a list or a display name".into());
         }
-        if text.split('@').next().is_some_and(|local| local.len() > 64) {
-            return Err(
-                "has more than 64 characters before the @, the most an address may have".into(),
-            );
+        if text
+            .split('@')
+            .next()
+            .is_some_and(|local| local.len() > LOCAL_MAX_LEN)
+        {
+            return Err(format!(
+                "has more than {LOCAL_MAX_LEN} characters before the @, the most an address may have"
+            ));
         }
         if !plain(text) {
             return Err(format!(

@@ -20,7 +20,7 @@ use serde::Serialize;
 use tokio::sync::Notify;
 use utoipa::ToSchema;
 
-pub use address::{MAX_LEN, PATTERN as EMAIL_PATTERN, Recipient};
+pub use address::{LOCAL_MAX_LEN, MAX_LEN, PATTERN as EMAIL_PATTERN, Recipient};
 pub use dispatcher::{Dispatcher, MailSettings, MailTransport};
 pub use message::message_id;
 

@@ -239,14 +239,14 @@ impl PaymentGateway {
                 }
             }
         };
-        let answer = if fresh
+        let outcome = if fresh
             || u128::try_from(intent.age_ms).unwrap_or(0) < provider.api.key_retention().as_millis()
         {
             provider.api.create(&intent).await?
         } else {
             tracing::info!(order = %order, attempt = intent.attempt, age_ms = intent.age_ms, "payment intent older than the provider's key retention: looking the payment up, never sending it again");
             match provider.api.find(&intent).await? {
-                Some(answer) => answer,
+                Some(outcome) => outcome,
                 None => {
                     provider
                         .intents
@@ -259,7 +259,7 @@ impl PaymentGateway {
                 }
             }
         };
-        self.settle(provider, charge, &intent, answer, journal)
+        self.settle(provider, charge, &intent, outcome, journal)
             .await
     }
 
@@ -271,11 +271,11 @@ impl PaymentGateway {
         provider: &Provider,
         charge: &Charge<'_>,
         intent: &Intent,
-        answer: PaymentOutcome,
+        outcome: PaymentOutcome,
         journal: impl FnOnce(&Receipt) -> Vec<NewEntry>,
     ) -> Result<Charged, ChargeError> {
         let (order, amount) = (charge.order_id(), charge.amount());
-        match answer {
+        match outcome {
             PaymentOutcome::Succeeded { payment_id } => {
                 let corrupt = |what: String| {
                     StoreError::Corrupt(format!("intent {}: {what}", intent.provider_key))

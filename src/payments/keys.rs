@@ -57,6 +57,8 @@ pub enum OrderIdError {
 
 impl OrderId {
     pub const MAX_LEN: usize = 64;
+    /// What an order id may hold besides ASCII letters and digits.
+    pub const PUNCTUATION: &str = "._:-";
 
     pub fn parse(text: &str) -> Result<OrderId, OrderIdError> {
         let len = text.chars().count();
@@ -68,7 +70,7 @@ impl OrderId {
         }
         if let Some(bad) = text
             .chars()
-            .find(|c| !(c.is_ascii_alphanumeric() || matches!(c, '.' | '_' | ':' | '-')))
+            .find(|c| !(c.is_ascii_alphanumeric() || Self::PUNCTUATION.contains(*c)))
         {
             return Err(OrderIdError::BadCharacter(bad));
         }
@@ -149,13 +151,15 @@ pub enum PaymentMethodError {
 
 impl PaymentMethod {
     pub const MAX_LEN: usize = 255;
+    /// Stripe's, on every payment method id.
+    pub const PREFIX: &str = "pm_";
 
     pub fn parse(text: &str) -> Result<PaymentMethod, PaymentMethodError> {
         let len = text.chars().count();
         if len > Self::MAX_LEN {
             return Err(PaymentMethodError::TooLong(len));
         }
-        let Some(rest) = text.strip_prefix("pm_").filter(|r| !r.is_empty()) else {
+        let Some(rest) = text.strip_prefix(Self::PREFIX).filter(|r| !r.is_empty()) else {
             return Err(PaymentMethodError::Prefix);
         };
         if let Some(bad) = rest

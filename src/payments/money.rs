@@ -62,6 +62,11 @@ impl Currency {
         CURRENCIES.iter().map(|c| c.code)
     }
 
+    /// The most minor digits any currency taken has (3, for BHD and KWD).
+    pub fn most_minor_digits() -> u8 {
+        CURRENCIES.iter().map(|c| c.exponent).max().unwrap_or(0)
+    }
+
     /// Number of digits after the decimal point (2 for USD, 0 for JPY, 3 for KWD).
     pub fn exponent(&self) -> u8 {
         self.exponent
@@ -249,6 +254,64 @@ pub fn json_decimal(raw: &serde_json::value::RawValue) -> Option<String> {
     }
 }
 
+/// The amounts [`Money::parse`] takes in a currency of `digits` minor digits and
+/// [`Money::at_most`] lets through under `max`, as one regular expression (for the API
+/// document): a plain decimal above zero, leading zeros allowed.
+pub fn amount_pattern(max: u64, digits: u8) -> String {
+    let max = max.to_string();
+    let e = usize::from(digits);
+    // Whole parts from 1 to max - 1, without leading zeros: the shorter numbers, then
+    // each of max's digits lowered with every digit after it free.
+    let mut below = Vec::new();
+    if max.len() > 1 {
+        below.push(format!("[1-9][0-9]{{0,{}}}", max.len() - 2));
+    }
+    for (i, digit) in max.bytes().enumerate() {
+        let low = if i == 0 { b'1' } else { b'0' };
+        if digit <= low {
+            continue;
+        }
+        let range = match digit - 1 {
+            top if top == low => char::from(low).to_string(),
+            top => format!("[{}-{}]", char::from(low), char::from(top)),
+        };
+        let free = match max.len() - i - 1 {
+            0 => String::new(),
+            n => format!("[0-9]{{{n}}}"),
+        };
+        below.push(format!("{}{range}{free}", &max[..i]));
+    }
+    let mut branches = Vec::new();
+    let fraction = if e > 0 {
+        format!("(\\.[0-9]{{1,{e}}})?")
+    } else {
+        String::new()
+    };
+    if !below.is_empty() {
+        branches.push(format!("0*({}){fraction}", below.join("|")));
+    }
+    let zeros = if e > 0 {
+        format!("(\\.0{{1,{e}}})?")
+    } else {
+        String::new()
+    };
+    branches.push(format!("0*{max}{zeros}"));
+    if e > 0 {
+        // Less than one: some digit of the fraction is not zero.
+        let nonzero: Vec<String> = (0..e)
+            .map(|i| {
+                let lead = "0".repeat(i);
+                match e - 1 - i {
+                    0 => format!("{lead}[1-9]"),
+                    n => format!("{lead}[1-9][0-9]{{0,{n}}}"),
+                }
+            })
+            .collect();
+        branches.push(format!("0+\\.({})", nonzero.join("|")));
+    }
+    format!("^({})$", branches.join("|"))
+}
+
 /// `digits` or `digits.digits`, ASCII only.
 fn is_decimal(text: &str) -> bool {
     let (whole, fraction) = match text.split_once('.') {
@@ -331,6 +394,47 @@ mod tests {
             usd("1000.01").unwrap().at_most(1000),
             Err(AmountError::TooLarge { max: 1000, .. })
         ));
+    }
+
+    /// The pattern takes exactly what the parser and the maximum take, every string of
+    /// up to seven of `0 1 2 9 .` against a few maximums, in currencies of 0, 2 and 3
+    /// minor digits.
+    #[test]
+    fn the_amount_pattern_says_what_parse_and_the_maximum_take() {
+        let mut texts = vec![String::new()];
+        let mut all = Vec::new();
+        for _ in 0..7 {
+            texts = texts
+                .iter()
+                .flat_map(|t| "0129.".chars().map(move |c| format!("{t}{c}")))
+                .collect();
+            all.extend(texts.iter().cloned());
+        }
+        all.extend(
+            [
+                "1000000",
+                "1000000.000",
+                "1000000.001",
+                "0999999.999",
+                "1000001",
+            ]
+            .map(String::from),
+        );
+        for code in ["JPY", "USD", "KWD"] {
+            let currency = Currency::parse(code).unwrap();
+            for max in [1, 2, 9, 10, 20, 120, 1000, 1_000_000] {
+                let pattern = amount_pattern(max, currency.exponent());
+                let regex = regex::Regex::new(&pattern).unwrap();
+                for text in &all {
+                    let taken = Money::parse(text, currency).and_then(|m| m.at_most(max));
+                    assert_eq!(
+                        regex.is_match(text),
+                        taken.is_ok(),
+                        "{text:?} in {code} under {max}: {pattern} vs {taken:?}"
+                    );
+                }
+            }
+        }
     }
 
     #[test]

@@ -135,7 +135,7 @@ async fn a_charge_whose_answer_never_comes_does_not_stall_the_charges_after_it()
     let model = scripted("").await;
     let mut settings = test_settings(&db, &model);
     settings.database.url = db.url_via(proxy.addr);
-    settings.request.timeout = Duration::from_millis(500);
+    settings.model_request.timeout = Duration::from_millis(500);
     settings.assistant.retry.timeout = Duration::from_millis(1_000);
     settings.assistant.journal = false;
     let h = std::sync::Arc::new(Harness::serve(db, model, settings).await);

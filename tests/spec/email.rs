@@ -511,7 +511,7 @@ both_backends!(
             s.assistant.retry.timeout = Duration::from_millis(1_800);
             s.assistant.retry.max_retries = 1;
             s.assistant.retry.backoff_max = Duration::from_millis(100);
-            s.request.timeout = Duration::from_millis(1_500);
+            s.model_request.timeout = Duration::from_millis(1_500);
         })
         .await;
         let mut first_round = None;

@@ -67,6 +67,8 @@ both_backends!(
         assert_eq!(problem["code"], "amount_conflict");
         assert_eq!(problem["receiptId"], first["receipt"]["id"]);
         assert_eq!(problem["chargedAmount"], "10.00");
+        assert_eq!(problem["orderCharged"], true);
+        assert_eq!(problem["charged"], false);
         assert_eq!(h.db.receipts("A-102").await, 1);
         assert_eq!(h.get("/receipts/A-102").await.json()["amount"], "10.00");
     }
@@ -450,8 +452,7 @@ fn each_error_status_documents_an_example_of_each_of_its_codes() {
         ("400", &["invalid_request"][..]),
         ("401", &["unauthorized"]),
         ("402", &["payment_declined", "payment_requires_action"]),
-        ("409", &["amount_conflict", "in_flight"]),
-        ("422", &["key_reuse"]),
+        ("409", &["amount_conflict", "in_flight", "key_reuse"]),
         (
             "502",
             &["model_did_not_charge", "model_error", "provider_error"],

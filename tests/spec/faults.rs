@@ -104,7 +104,7 @@ const COLUMNS: [Column; 3] = [Column::Resume, Column::Restart, Column::NoRetry];
 fn matrix_settings(s: &mut Settings, column: Column) {
     // Long beside an answer (milliseconds), so a loaded machine does not add a timeout
     // the cell does not expect; the loop timeout outlasts three timed-out requests.
-    s.request.timeout = Duration::from_millis(1_000);
+    s.model_request.timeout = Duration::from_millis(1_000);
     s.assistant.retry.timeout = Duration::from_millis(6_000);
     s.assistant.retry.max_retries = match column {
         Column::Resume | Column::Restart => 2,
@@ -439,7 +439,7 @@ async fn retry_after_is_waited_out_before_the_retry() {
 #[tokio::test]
 async fn a_retry_after_beyond_the_cap_ends_the_retries_and_is_passed_on() {
     let h = Harness::with(Backend::Sqlite, "429+retry-after=60@1", |s| {
-        s.request.retry_after_max = Duration::from_secs(5);
+        s.model_request.retry_after_max = Duration::from_secs(5);
         s.assistant.retry.max_retries = 0;
     })
     .await;
@@ -461,8 +461,8 @@ async fn a_retry_after_beyond_the_cap_ends_the_retries_and_is_passed_on() {
 #[tokio::test]
 async fn the_retry_budget_stops_a_storm() {
     let h = Harness::with(Backend::Sqlite, "503", |s| {
-        s.request.budget_percent = 20;
-        s.request.budget_min_per_sec = 0;
+        s.model_request.budget_percent = 20;
+        s.model_request.budget_min_per_sec = 0;
     })
     .await;
     for i in 0..20 {
@@ -489,7 +489,7 @@ async fn the_retry_budget_stops_a_storm() {
 #[tokio::test]
 async fn a_loop_timeout_after_the_charge_resumes_the_loop_without_a_second_charge() {
     let tune = |s: &mut Settings, retries| {
-        s.request.timeout = Duration::from_millis(500);
+        s.model_request.timeout = Duration::from_millis(500);
         s.assistant.retry.timeout = Duration::from_millis(700);
         s.assistant.retry.max_retries = retries;
     };

@@ -38,7 +38,7 @@ async fn against(
     settings.model.base_url = Some(hostile.base_url());
     // Long beside a relayed answer even on a loaded machine: these specs count requests
     // exactly, and a timeout would add one.
-    settings.request.timeout = Duration::from_millis(5_000);
+    settings.model_request.timeout = Duration::from_millis(5_000);
     settings.assistant.retry.timeout = Duration::from_millis(12_000);
     tune(&mut settings);
     (Harness::serve(db, model, settings).await, hostile)
@@ -152,7 +152,7 @@ both_backends!(
 async fn repeated_once(backend: Backend, act: Act, error_type: &str) {
     let (h, hostile) = against(backend, vec![act], Act::Forward, |s| {
         // Long enough for a relayed answer on a loaded machine, short for the drip.
-        s.request.timeout = Duration::from_millis(1_500);
+        s.model_request.timeout = Duration::from_millis(1_500);
     })
     .await;
     let reply = keyed(&h, "H-4").await;
@@ -271,7 +271,7 @@ both_backends!(
         let mut settings = test_settings(&db, &model);
         settings.model.base_url = Some(format!("http://{addr}/v1"));
         settings.model.h2c = true;
-        settings.request.timeout = Duration::from_millis(2_000);
+        settings.model_request.timeout = Duration::from_millis(2_000);
         settings.model.breaker.window = 20;
         let h = Harness::serve(db, model, settings).await;
         let checkouts = (1..=50).map(|i| {
@@ -303,7 +303,7 @@ both_backends!(
         let mut settings = test_settings(&db, &model);
         settings.model.base_url = Some(format!("http://{}/v1", proxy.addr));
         settings.model.h2c = true;
-        settings.request.timeout = Duration::from_millis(5_000);
+        settings.model_request.timeout = Duration::from_millis(5_000);
         settings.assistant.retry.timeout = Duration::from_millis(12_000);
         settings.model.transport.keep_alive = Duration::from_millis(200);
         settings.model.transport.keep_alive_timeout = Duration::from_millis(200);
@@ -361,7 +361,7 @@ async fn over_h2c(backend: Backend, fault: H2Fault) -> (Harness, u64, u64) {
     settings.model.base_url = Some(format!("http://{addr}/v1"));
     settings.model.h2c = true;
     // Long beside a relayed answer on a loaded machine: the requests are counted exactly.
-    settings.request.timeout = Duration::from_millis(5_000);
+    settings.model_request.timeout = Duration::from_millis(5_000);
     settings.assistant.retry.timeout = Duration::from_millis(12_000);
     let h = Harness::serve(db, model, settings).await;
     for i in 1..=4 {
@@ -423,7 +423,7 @@ both_backends!(
         let mut settings = test_settings(&db, &model);
         settings.model.base_url = Some(format!("http://{}/v1", proxy.addr));
         settings.model.h2c = true;
-        settings.request.timeout = Duration::from_millis(300);
+        settings.model_request.timeout = Duration::from_millis(300);
         // A connect waits for the server's first PING longer than a request may take.
         settings.model.transport.keep_alive_timeout = Duration::from_millis(5_000);
         let h = Harness::serve(db, model, settings).await;

@@ -17,7 +17,7 @@ async fn the_scrape_counts_exactly_the_checkouts_retries_timeouts_and_keys_made(
     // The first request of round 1 is answered 503 once: the request retry repeats it.
     // A request timeout of 1 s, well above the 500 ms of the slow answer below.
     let h = Harness::with(Backend::Sqlite, "503@1x1", |s| {
-        s.request.timeout = Duration::from_millis(1_000)
+        s.model_request.timeout = Duration::from_millis(1_000)
     })
     .await;
 
@@ -33,7 +33,7 @@ async fn the_scrape_counts_exactly_the_checkouts_retries_timeouts_and_keys_made(
     assert_eq!(again.header("idempotent-replayed"), Some("true"));
     // The same key for another order: key_reuse, nothing runs.
     let reused = h.post("/checkout?orderId=A-3&amount=5", &key, None).await;
-    assert_eq!(reused.problem(422)["code"], "key_reuse");
+    assert_eq!(reused.problem(409)["code"], "key_reuse");
     // A-2 again without a key: a new operation; its charge is found, not made.
     let found = h.checkout("A-2", "5").await;
     assert_eq!(found.json()["charged"], false, "{}", found.text());
@@ -322,8 +322,8 @@ async fn loop_retries_and_retry_budget_refusals_are_counted_apart_from_request_r
 
     // An empty retry budget refuses the request retry: counted as a refusal, not a retry.
     let h = Harness::with(Backend::Sqlite, "503@1x1", |s| {
-        s.request.budget_percent = 0;
-        s.request.budget_min_per_sec = 0;
+        s.model_request.budget_percent = 0;
+        s.model_request.budget_min_per_sec = 0;
     })
     .await;
     let reply = h.checkout("D-2", "1").await;

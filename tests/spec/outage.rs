@@ -338,7 +338,7 @@ both_backends!(
 async fn one_endpoint_failing_a_fifth_of_its_requests_opens_no_breaker_and_fails_no_checkout() {
     let h = Harness::with(Backend::Sqlite, "503%20", |s| {
         s.model.breaker = Settings::default().model.breaker;
-        s.request.timeout = Duration::from_millis(2_000);
+        s.model_request.timeout = Duration::from_millis(2_000);
     })
     .await;
     let next = std::sync::atomic::AtomicU32::new(0);

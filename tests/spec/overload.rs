@@ -48,7 +48,7 @@ async fn at_once(
 /// Settings whose model requests outlast the scripted model's delay.
 fn holding_loops(s: &mut checkout::config::Settings, max_in_flight: usize) {
     s.overload.max_in_flight = max_in_flight;
-    s.request.timeout = Duration::from_millis(2_000);
+    s.model_request.timeout = Duration::from_millis(2_000);
 }
 
 both_backends!(

@@ -5,13 +5,13 @@ use axum::http::StatusCode;
 use serde::Serialize;
 use utoipa::ToSchema;
 
-use super::input::Format;
 use crate::assistant::{
-    ChargeStatus, CheckoutContext, CheckoutError, CheckoutOutcome, FailureKind, JournalFailure,
-    Usage,
+    ChargeReport, ChargeStatus, CheckoutContext, CheckoutError, CheckoutOutcome, FailureKind,
+    JournalFailure, Usage,
 };
 use crate::http::answer::HttpAnswer;
 use crate::http::error::{Code, Problem};
+use crate::http::extract::Format;
 use crate::http::receipts::ReceiptView;
 use crate::http::state::AppState;
 use crate::outbox::Confirmation;
@@ -198,11 +198,9 @@ fn amount_conflict(err: &CheckoutError) -> Problem {
         format!("{}; nothing was charged", err.kind),
     );
     if let Some(existing) = err.kind.amount_conflict() {
-        let body = &mut problem.body;
-        body.order_charged = Some(Some(true));
-        body.receipt_id = Some(existing.id.to_string());
-        body.charged_amount = Some(existing.amount.decimal());
-        body.charged_currency = Some(existing.amount.currency().code().to_owned());
+        problem
+            .body
+            .charge(&ChargeReport::charged_before(existing.clone()));
     }
     problem
 }
@@ -217,18 +215,22 @@ pub(crate) fn over_budget(ctx: &CheckoutContext, left: BudgetLeft, attempts: u32
             ctx.order().id()
         ),
     );
-    let mut problem = not_charged(problem, None, attempts);
+    let mut problem = not_charged(problem, ctx, None, attempts);
     problem.body.budget_left = Some(left.decimal());
     problem
 }
 
 /// The payment provider ended the attempt without charging.
-fn not_charged(mut problem: Problem, payment_id: Option<String>, attempts: u32) -> Problem {
+fn not_charged(
+    mut problem: Problem,
+    ctx: &CheckoutContext,
+    payment_id: Option<String>,
+    attempts: u32,
+) -> Problem {
     let body = &mut problem.body;
     body.payment_id = payment_id;
     body.attempts = Some(attempts);
-    body.order_charged = Some(Some(false));
-    body.charged = Some(Some(false));
+    body.charge(&ChargeReport::not_charged(ctx.order().id().clone()));
     problem
 }
 
@@ -272,15 +274,15 @@ pub(super) async fn failure(app: &AppState, ctx: &CheckoutContext, err: Checkout
                 ),
             );
             problem.body.decline_code = Some(decline_code.clone());
-            return not_charged(problem, payment_id.clone(), err.attempts);
+            return not_charged(problem, ctx, payment_id.clone(), err.attempts);
         }
         (Code::PaymentRequiresAction, Some(ChargeError::RequiresAction { payment_id })) => {
             let problem = Problem::new(code, format!("{}; the order was not charged", err.kind));
-            return not_charged(problem, Some(payment_id.clone()), err.attempts);
+            return not_charged(problem, ctx, Some(payment_id.clone()), err.attempts);
         }
         _ => {}
     }
-    let report = ctx.charge_report(app.gateway()).await;
+    let mut report = ctx.charge_report(app.gateway()).await;
     // No receipt, but the provider may have charged under the intent it was sent: unknown
     // until a run settles the intent with its key.
     let intent_open = matches!(
@@ -312,15 +314,10 @@ pub(super) async fn failure(app: &AppState, ctx: &CheckoutContext, err: Checkout
         body.upstream_status = model.kind.upstream_status();
     }
     body.layer = err.layer().map(str::to_owned);
-    if let ChargeStatus::Charged(receipt) = &report.order {
-        body.receipt_id = Some(receipt.id.to_string());
-    }
     if intent_open {
-        body.order_charged = Some(None);
-        body.charged = Some(None);
-    } else {
-        body.order_charged = Some(report.order.known());
-        body.charged = Some(report.this_checkout.known());
+        report.order = ChargeStatus::Unknown;
+        report.this_checkout = ChargeStatus::Unknown;
     }
+    body.charge(&report);
     problem
 }

@@ -4,7 +4,7 @@
 //!
 //! provider retry (`retry.rs`) ─► observe (`observe.rs`) ─► provider timeout ─► one
 //! reqwest request (`transport.rs`): the unit is one HTTP request; what is sent and what
-//! the answers say is in `wire.rs`. Each request of a charge carries the same `Idempotency-Key` and the same
+//! the responses say is in `wire.rs`. Each request of a charge carries the same `Idempotency-Key` and the same
 //! form, so Stripe executes it once and answers every repeat with its saved result.
 
 mod observe;
@@ -24,8 +24,8 @@ use crate::metrics::Metrics;
 use crate::retry::jittered_backoff;
 use crate::secret::Secret;
 use retry::ProviderRetry;
-use transport::Endpoint;
-use wire::{Call, Reply, Request, created, describe, of_intent, status_error};
+use transport::StripeApi;
+use wire::{Call, ProviderResponse, Request, created, describe, of_intent, status_error};
 
 /// Where the provider is, how to reach it, and how long it keeps an idempotency key.
 #[derive(Clone, Debug)]
@@ -118,7 +118,7 @@ impl ProviderError {
 /// The Stripe client, retries and timeout included.
 #[derive(Clone)]
 pub struct Stripe {
-    stack: BoxCloneSyncService<Call, Reply, BoxError>,
+    stack: BoxCloneSyncService<Call, ProviderResponse, BoxError>,
     settings: Arc<StripeSettings>,
 }
 
@@ -134,7 +134,7 @@ impl Stripe {
     pub fn new(settings: &StripeSettings, metrics: &Metrics) -> Result<Stripe, BoxError> {
         let _ = rustls::crypto::ring::default_provider().install_default();
         let base = settings.base_url.trim_end_matches('/');
-        let endpoint = Endpoint {
+        let api = StripeApi {
             http: reqwest::Client::builder().tcp_nodelay(true).build()?,
             create: reqwest::Url::parse(&format!("{base}/v1/payment_intents"))?,
             search: reqwest::Url::parse(&format!("{base}/v1/payment_intents/search"))?,
@@ -148,7 +148,7 @@ impl Stripe {
             ))
             .layer_fn(|inner| observe::observe(inner, metrics.clone()))
             .timeout(settings.timeout)
-            .service(transport::transport(endpoint));
+            .service(transport::transport(api));
         Ok(Stripe {
             stack: BoxCloneSyncService::new(stack),
             settings: Arc::new(settings.clone()),
@@ -179,7 +179,7 @@ impl Stripe {
             },
         };
         let failure = match self.stack.clone().oneshot(call).await {
-            Ok(reply) => match created(&reply, &intent.provider_key) {
+            Ok(response) => match created(&response, &intent.provider_key) {
                 Err(ProviderError::Unavailable(why)) => why,
                 other => return other,
             },
@@ -187,7 +187,7 @@ impl Stripe {
         };
         tracing::warn!(order = %intent.order_id, attempt = intent.attempt, failure = %failure, "payment provider: no outcome after the provider retry; looking the payment up by its metadata");
         match self.find(intent).await? {
-            Some(answer) => Ok(answer),
+            Some(outcome) => Ok(outcome),
             None => Err(ProviderError::Unavailable(format!(
                 "{failure}; no payment of attempt {} is found by its metadata yet",
                 intent.attempt
@@ -203,16 +203,16 @@ impl Stripe {
                 query: format!("metadata['order_id']:'{}'", intent.order_id).into(),
             },
         };
-        let reply = self
+        let response = self
             .stack
             .clone()
             .oneshot(call)
             .await
             .map_err(|err| ProviderError::Unavailable(describe(&err)))?;
-        if reply.status != 200 {
-            return Err(status_error(&reply));
+        if response.status != 200 {
+            return Err(status_error(&response));
         }
-        let body = reply.json()?;
+        let body = response.json()?;
         let attempt = intent.attempt.to_string();
         let found = body["data"].as_array().and_then(|payments| {
             payments.iter().find(|p| {

@@ -5,15 +5,15 @@ use std::time::Instant;
 
 use tower::{BoxError, Service, ServiceExt, service_fn};
 
-use super::wire::{Call, Reply};
+use super::wire::{Call, ProviderResponse};
 use crate::metrics::Metrics;
 
 pub(super) fn observe<S>(
     inner: S,
     metrics: Metrics,
-) -> impl Service<Call, Response = Reply, Error = BoxError, Future: Send> + Clone + Send + Sync
+) -> impl Service<Call, Response = ProviderResponse, Error = BoxError, Future: Send> + Clone + Send + Sync
 where
-    S: Service<Call, Response = Reply, Error = BoxError> + Clone + Send + Sync + 'static,
+    S: Service<Call, Response = ProviderResponse, Error = BoxError> + Clone + Send + Sync + 'static,
     S::Future: Send,
 {
     service_fn(move |call: Call| {
@@ -23,7 +23,7 @@ where
             let started = Instant::now();
             let result = inner.oneshot(call).await;
             let outcome = match &result {
-                Ok(reply) => reply.outcome(),
+                Ok(response) => response.outcome(),
                 Err(err) if err.is::<tower::timeout::error::Elapsed>() => "timeout",
                 Err(_) => "transport",
             };

@@ -5,7 +5,7 @@ use tower::retry::Policy;
 use tower::retry::backoff::{Backoff, ExponentialBackoff};
 use tower::util::rng::HasherRng;
 
-use super::wire::{Call, Reply};
+use super::wire::{Call, ProviderResponse};
 use crate::metrics::{Metrics, RetryLayer};
 
 /// Repeats one provider request, with the same key and form: on a timeout, a failed or
@@ -34,18 +34,18 @@ impl ProviderRetry {
     }
 }
 
-impl Policy<Call, Reply, BoxError> for ProviderRetry {
+impl Policy<Call, ProviderResponse, BoxError> for ProviderRetry {
     type Future = tokio::time::Sleep;
 
     fn retry(
         &mut self,
         _call: &mut Call,
-        result: &mut Result<Reply, BoxError>,
+        result: &mut Result<ProviderResponse, BoxError>,
     ) -> Option<Self::Future> {
         let reason = match result {
-            Ok(reply) if reply.status == 409 => "in_use",
-            Ok(reply) if reply.status == 429 => "rate_limited",
-            Ok(reply) if reply.status >= 500 => "server_error",
+            Ok(response) if response.status == 409 => "in_use",
+            Ok(response) if response.status == 429 => "rate_limited",
+            Ok(response) if response.status >= 500 => "server_error",
             Ok(_) => return None,
             Err(err) if err.is::<tower::timeout::error::Elapsed>() => "timeout",
             Err(_) => "transport",

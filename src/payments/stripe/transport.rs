@@ -5,11 +5,13 @@ use std::sync::Arc;
 use reqwest::header::{CONTENT_TYPE, HeaderMap};
 use tower::{BoxError, Service, service_fn};
 
-use super::wire::{Call, Reply, Request};
+use super::wire::{Call, ProviderResponse, Request};
 use crate::secret::Secret;
 use crate::telemetry::genai;
 
-pub(super) struct Endpoint {
+/// Stripe's payment intents API: the HTTP client, the URLs of creating and searching an
+/// intent, and the secret key.
+pub(super) struct StripeApi {
     pub(super) http: reqwest::Client,
     pub(super) create: reqwest::Url,
     pub(super) search: reqwest::Url,
@@ -17,35 +19,36 @@ pub(super) struct Endpoint {
 }
 
 pub(super) fn transport(
-    endpoint: Endpoint,
-) -> impl Service<Call, Response = Reply, Error = BoxError, Future: Send> + Clone + Send + Sync {
-    let endpoint = Arc::new(endpoint);
+    api: StripeApi,
+) -> impl Service<Call, Response = ProviderResponse, Error = BoxError, Future: Send> + Clone + Send + Sync
+{
+    let api = Arc::new(api);
     service_fn(move |call: Call| {
-        let endpoint = endpoint.clone();
+        let api = api.clone();
         async move {
             let mut headers = HeaderMap::new();
             genai::inject_traceparent(&mut headers);
             let request = match call.request {
-                Request::Create { key, form } => endpoint
+                Request::Create { key, form } => api
                     .http
-                    .post(endpoint.create.clone())
+                    .post(api.create.clone())
                     .header("Idempotency-Key", key.as_ref())
                     .header(CONTENT_TYPE, "application/x-www-form-urlencoded")
                     .body(form),
                 Request::Search { query } => {
-                    let mut url = endpoint.search.clone();
+                    let mut url = api.search.clone();
                     url.query_pairs_mut().append_pair("query", &query);
-                    endpoint.http.get(url)
+                    api.http.get(url)
                 }
             };
             let response = request
                 .headers(headers)
-                .bearer_auth(endpoint.api_key.expose())
+                .bearer_auth(api.api_key.expose())
                 .send()
                 .await?;
             let status = response.status().as_u16();
             let body = response.bytes().await?;
-            Ok::<_, BoxError>(Reply { status, body })
+            Ok::<_, BoxError>(ProviderResponse { status, body })
         }
     })
 }

@@ -1,5 +1,5 @@
-//! What is sent to the payment provider and what its answers say: the request of one
-//! call, the raw reply, and the outcome read from it.
+//! What is sent to the payment provider and what its responses say: the request of one
+//! call, the raw response, and the outcome read from it.
 
 use std::sync::Arc;
 
@@ -9,12 +9,15 @@ use tower::BoxError;
 
 use super::{PaymentOutcome, ProviderError};
 
-/// What a `POST /v1/payment_intents` answer says.
-pub(super) fn created(reply: &Reply, key: &str) -> Result<PaymentOutcome, ProviderError> {
-    match reply.status {
-        200 => of_intent(&reply.json()?),
+/// What a `POST /v1/payment_intents` response says.
+pub(super) fn created(
+    response: &ProviderResponse,
+    key: &str,
+) -> Result<PaymentOutcome, ProviderError> {
+    match response.status {
+        200 => of_intent(&response.json()?),
         402 => {
-            let body = reply.json()?;
+            let body = response.json()?;
             let error = &body["error"];
             let payment = &error["payment_intent"];
             Ok(PaymentOutcome::Declined {
@@ -27,8 +30,8 @@ pub(super) fn created(reply: &Reply, key: &str) -> Result<PaymentOutcome, Provid
                 message: error["message"].as_str().unwrap_or_default().to_owned(),
             })
         }
-        400 if error_type(reply) == Some("idempotency_error".into()) => {
-            let message = reply
+        400 if error_type(response) == Some("idempotency_error".into()) => {
+            let message = response
                 .json()
                 .ok()
                 .and_then(|b| b["error"]["message"].as_str().map(str::to_owned))
@@ -43,7 +46,7 @@ pub(super) fn created(reply: &Reply, key: &str) -> Result<PaymentOutcome, Provid
                 message,
             })
         }
-        _ => Err(status_error(reply)),
+        _ => Err(status_error(response)),
     }
 }
 
@@ -75,13 +78,13 @@ pub(super) fn of_intent(payment: &Value) -> Result<PaymentOutcome, ProviderError
     }
 }
 
-fn error_type(reply: &Reply) -> Option<String> {
-    let body = reply.json().ok()?;
+fn error_type(response: &ProviderResponse) -> Option<String> {
+    let body = response.json().ok()?;
     body["error"]["type"].as_str().map(str::to_owned)
 }
 
-pub(super) fn status_error(reply: &Reply) -> ProviderError {
-    let body = reply.json().unwrap_or_default();
+pub(super) fn status_error(response: &ProviderResponse) -> ProviderError {
+    let body = response.json().unwrap_or_default();
     let error = &body["error"];
     let code = error["code"]
         .as_str()
@@ -92,12 +95,12 @@ pub(super) fn status_error(reply: &Reply) -> ProviderError {
         .as_str()
         .map(str::to_owned)
         .unwrap_or_else(|| {
-            String::from_utf8_lossy(&reply.body[..reply.body.len().min(200)]).into()
+            String::from_utf8_lossy(&response.body[..response.body.len().min(200)]).into()
         });
-    match reply.status {
+    match response.status {
         409 | 429 | 500.. => ProviderError::Unavailable(format!(
             "the payment provider answered {} {code}: {message}",
-            reply.status
+            response.status
         )),
         status => ProviderError::Refused {
             status,
@@ -136,21 +139,21 @@ impl Call {
     }
 }
 
-/// Any HTTP answer: the retry policy and the caller read the status.
+/// The provider's HTTP response: the retry policy and the caller read the status.
 #[derive(Debug)]
-pub(super) struct Reply {
+pub(super) struct ProviderResponse {
     pub(super) status: u16,
     pub(super) body: Bytes,
 }
 
-impl Reply {
+impl ProviderResponse {
     pub(super) fn json(&self) -> Result<Value, ProviderError> {
         serde_json::from_slice(&self.body).map_err(|err| {
             ProviderError::Malformed(format!("{err}: {}", String::from_utf8_lossy(&self.body)))
         })
     }
 
-    /// The metrics outcome of an answer.
+    /// The metrics outcome of a response.
     pub(super) fn outcome(&self) -> &'static str {
         let status = self.json().ok();
         let field = |path: [&str; 2]| {

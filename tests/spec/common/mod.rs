@@ -172,9 +172,9 @@ pub fn test_settings(db: &TestDb, model: &ScriptedModel) -> Settings {
     s.database.url = db.url.clone();
     s.mail.dir = db.mail_dir.path().to_owned();
     s.model.base_url = Some(model.base_url());
-    s.request.timeout = Duration::from_millis(400);
-    s.request.backoff_min = Duration::from_millis(5);
-    s.request.backoff_max = Duration::from_millis(20);
+    s.model_request.timeout = Duration::from_millis(400);
+    s.model_request.backoff_min = Duration::from_millis(5);
+    s.model_request.backoff_max = Duration::from_millis(20);
     s.assistant.retry.timeout = Duration::from_millis(3_000);
     s.assistant.retry.backoff_min = Duration::from_millis(5);
     s.assistant.retry.backoff_max = Duration::from_millis(20);
