@@ -79,7 +79,7 @@ const LOOP_ROUNDS: Def = Def {
 };
 const IDEMPOTENCY_KEYS: Def = Def {
     name: "checkout_idempotency_keys_total",
-    help: "Requests that carried an Idempotency-Key, by outcome: new (the work ran), replay (the saved answer was sent), in_flight (409, still running), key_reuse (409, another request's key).",
+    help: "Requests that carried an Idempotency-Key, by outcome: new (the work ran), replay (the saved answer was sent), in_flight (409, still running), key_reuse (422, another request's key).",
     buckets: None,
 };
 const AUTH_FAILURES: Def = Def {

@@ -103,11 +103,8 @@ impl Code {
             Code::ContentTooLarge => StatusCode::PAYLOAD_TOO_LARGE,
             Code::Unauthorized => StatusCode::UNAUTHORIZED,
             Code::PaymentDeclined | Code::PaymentRequiresAction => StatusCode::PAYMENT_REQUIRED,
-            // A key bound to another request is a conflict with the key's state (RFC 9110
-            // §15.5.10), as one still running is: the request itself is valid, and is
-            // taken with a new key. (The IETF draft suggests 422, which says the request
-            // cannot be processed at all.)
-            Code::AmountConflict | Code::InFlight | Code::KeyReuse => StatusCode::CONFLICT,
+            Code::AmountConflict | Code::InFlight => StatusCode::CONFLICT,
+            Code::KeyReuse => StatusCode::UNPROCESSABLE_ENTITY,
             Code::ModelError | Code::ModelDidNotCharge | Code::ProviderError => {
                 StatusCode::BAD_GATEWAY
             }

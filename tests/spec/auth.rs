@@ -224,12 +224,12 @@ both_backends!(
         assert_eq!(first.json()["charged"], true);
 
         // Bob's use of the key is his own operation: another order is charged, where one
-        // caller reusing the key for another order meets 409 key_reuse.
+        // caller reusing the key for another order meets 422 key_reuse.
         let other = s.checkout("B-2", &[("authorization", &bob), key]).await;
         assert_eq!(other.status, 200, "{}", other.text());
         assert_eq!(other.json()["charged"], true);
         let reuse = s.checkout("B-2", &[("authorization", &alice), key]).await;
-        assert_eq!(reuse.problem(409)["code"], "key_reuse");
+        assert_eq!(reuse.problem(422)["code"], "key_reuse");
 
         // Carol, same key and same order as Alice's: not her saved answer replayed
         // (idempotent-replayed) but an operation of her own, which finds the order's

@@ -452,7 +452,8 @@ fn each_error_status_documents_an_example_of_each_of_its_codes() {
         ("400", &["invalid_request"][..]),
         ("401", &["unauthorized"]),
         ("402", &["payment_declined", "payment_requires_action"]),
-        ("409", &["amount_conflict", "in_flight", "key_reuse"]),
+        ("409", &["amount_conflict", "in_flight"]),
+        ("422", &["key_reuse"]),
         (
             "502",
             &["model_did_not_charge", "model_error", "provider_error"],

@@ -52,14 +52,14 @@ both_backends!(
 );
 
 both_backends!(
-    the_same_key_with_another_amount_is_409_key_reuse,
+    the_same_key_with_another_amount_is_422_key_reuse,
     |backend| async move {
         let h = Harness::start(backend).await;
         assert_eq!(keyed(&h, "I-2", "10.00").await.status, 200);
         let reuse = keyed(&h, "I-2", "10.01").await;
-        assert_eq!(reuse.problem(409)["code"], "key_reuse");
+        assert_eq!(reuse.problem(422)["code"], "key_reuse");
         let reuse = keyed(&h, "I-3", "10.00").await;
-        assert_eq!(reuse.problem(409)["code"], "key_reuse");
+        assert_eq!(reuse.problem(422)["code"], "key_reuse");
         assert_eq!(h.model.requests(), 2);
         assert_eq!(h.db.all_receipts().await, 1);
     }

@@ -33,7 +33,7 @@ async fn the_scrape_counts_exactly_the_checkouts_retries_timeouts_and_keys_made(
     assert_eq!(again.header("idempotent-replayed"), Some("true"));
     // The same key for another order: key_reuse, nothing runs.
     let reused = h.post("/checkout?orderId=A-3&amount=5", &key, None).await;
-    assert_eq!(reused.problem(409)["code"], "key_reuse");
+    assert_eq!(reused.problem(422)["code"], "key_reuse");
     // A-2 again without a key: a new operation; its charge is found, not made.
     let found = h.checkout("A-2", "5").await;
     assert_eq!(found.json()["charged"], false, "{}", found.text());

@@ -122,18 +122,21 @@ impl IntoResponses for CheckoutErrors {
                 vec![declined, requires_action],
             ),
             (
-                "`amount_conflict`: the order was charged another amount; `in_flight`: the same Idempotency-Key is still running (see Retry-After); `key_reuse`: the Idempotency-Key was first used for another request (another order, amount, currency, method or address), and this one is taken with a new key",
+                "`amount_conflict`: the order was charged another amount; or `in_flight`: the same Idempotency-Key is still running (see Retry-After)",
                 vec![
                     conflict,
                     Problem::new(
                         Code::InFlight,
                         "a request with Idempotency-Key \"order-A-100\" is still being processed; retry after it finishes",
                     ),
-                    Problem::new(
-                        Code::KeyReuse,
-                        "Idempotency-Key \"order-A-100\" was first used for another request (another order, amount or currency); a new request needs a new key",
-                    ),
                 ],
+            ),
+            (
+                "`key_reuse`: the Idempotency-Key was used with another order or amount",
+                vec![Problem::new(
+                    Code::KeyReuse,
+                    "Idempotency-Key \"order-A-100\" was first used for another request (another order, amount or currency); a new request needs a new key",
+                )],
             ),
             (
                 "`model_error`: the model provider failed after retries; `model_did_not_charge`: the model finished without charging; `provider_error`: the payment provider gave no outcome or refused the request",
