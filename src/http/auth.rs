@@ -1,6 +1,6 @@
 //! The API key check in front of `/checkout` and `/receipts` (health, the API document,
 //! Swagger UI and metrics stay open): a valid `Authorization: Bearer <key>` puts its
-//! [`Caller`](crate::caller::Caller) in the request's extensions, so that Idempotency-Keys
+//! [`Caller`] in the request's extensions, so that Idempotency-Keys
 //! and saved answers are scoped to it, and its scopes checked ([`require`]); an open
 //! service puts [`Caller::open`] there; a refusal is 401 `unauthorized` with
 //! `WWW-Authenticate: Bearer`. The header's value is never logged (the router marks it
