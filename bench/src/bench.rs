@@ -33,6 +33,7 @@ mod loops;
 mod outage;
 mod overload;
 mod partial;
+mod paused;
 mod retry;
 mod saving;
 mod startup;
@@ -86,6 +87,8 @@ struct Plan {
     keyed_in_flight: Vec<usize>,
     keyed_warmup_ms: u64,
     keyed_window_ms: u64,
+    /// Figure 11: runs (each 10,000 checkouts paused, then approved).
+    paused_runs: usize,
     /// Extra environment for every service process (`--service-env NAME=VALUE`).
     service_env: Vec<(String, String)>,
 }
@@ -126,6 +129,7 @@ impl Plan {
                 keyed_in_flight: vec![1, 16, 32, 48, 64, 128, 256],
                 keyed_warmup_ms: 300,
                 keyed_window_ms: 1000,
+                paused_runs: 1,
                 service_env: vec![],
             }
         } else {
@@ -162,6 +166,7 @@ impl Plan {
                 keyed_in_flight: vec![1, 16, 32, 48, 64, 128, 256],
                 keyed_warmup_ms: 500,
                 keyed_window_ms: 2000,
+                paused_runs: 3,
                 service_env: vec![],
             }
         }
@@ -208,7 +213,7 @@ struct Bench {
 }
 
 const USAGE: &str = "\
-usage: checkout-bench [--quick] [--only cpu,loops,retry,saving,startup,sweep,counts,overload,outage,partial,keyed]
+usage: checkout-bench [--quick] [--only cpu,loops,retry,saving,startup,sweep,counts,overload,outage,partial,keyed,paused]
                       [--db sqlite,postgres] [--runs N] [--concurrency N] [--overload-limit N]
                       [--http1] [--out DIR] [--work DIR]
                       [--service-bin PATH] [--no-build] [--postgres postgres://postgres@127.0.0.1:5432]
@@ -228,6 +233,8 @@ its floor (floor-loop), 3 retry amplification (20 % of model requests 503), 4 st
 5,000; the admitted ones served, the rest refused with 503 overloaded at once).
 K keyed checkouts in flight (a fresh Idempotency-Key each, 1 to 256 in flight, an
 instant model; DIR/keyed-in-flight.svg).
+11 paused checkouts (--only paused, not in the default run: 10,000 checkouts paused for
+approval, the service's RSS against its idle RSS, then all approved: drain time, receipts).
 --quick takes under a minute; the full run under ten. Writes DIR/results.json,
 DIR/results.md and DIR/latency.svg (DIR/*-quick.* with --quick); DIR is --out, else
 bench/ when run by `cargo run -p checkout-bench`, else the current directory. Logs and
@@ -260,6 +267,7 @@ pub fn main(args: &mut Args) -> Result<(), String> {
         plan.overload_runs = runs;
         plan.outage_runs = runs;
         plan.keyed_runs = runs;
+        plan.paused_runs = runs;
     }
     if let Some(c) = args.number::<usize>("--concurrency")? {
         plan.loops_concurrency = c;
@@ -318,7 +326,7 @@ pub fn main(args: &mut Args) -> Result<(), String> {
     ));
     for figure in [
         "startup", "cpu", "retry", "saving", "loops", "sweep", "counts", "overload", "outage",
-        "partial", "keyed",
+        "partial", "keyed", "paused",
     ] {
         if !only.iter().any(|o| o == figure) {
             continue;
@@ -335,6 +343,7 @@ pub fn main(args: &mut Args) -> Result<(), String> {
                 "outage" => bench.outage(db),
                 "partial" => bench.partial(db),
                 "keyed" => bench.keyed(db),
+                "paused" => bench.paused(db),
                 _ => bench.sweep(db),
             };
             if let Err(err) = result {

@@ -36,8 +36,8 @@ pub struct LoadArgs {
     pub amount: String,
     /// HTTP/2 with prior knowledge (many checkouts on few connections).
     pub http2: bool,
-    /// Writes `orderId<TAB>status<TAB>receiptId<TAB>attempts<TAB>inputTokens<TAB>outputTokens`
-    /// per request here.
+    /// Writes `orderId<TAB>status<TAB>receiptId<TAB>attempts<TAB>inputTokens<TAB>outputTokens<TAB>approvalId`
+    /// per request here (`-` where the answer has none).
     pub records: Option<PathBuf>,
     pub timeout_ms: u64,
     /// A worker answered 503 or 429 with `Retry-After` waits that long before its next
@@ -45,6 +45,10 @@ pub struct LoadArgs {
     pub honor_retry_after: bool,
     /// Each request carries an `Idempotency-Key`: its order id, fresh per request.
     pub keyed: bool,
+    /// Instead of checkouts: `POST /approvals/{id}/approve` for each approval id in this
+    /// file (one a line), each once (figure 11). Records are then
+    /// `approvalId<TAB>status<TAB>orderId<TAB>receiptId<TAB>charged`.
+    pub approve: Option<PathBuf>,
 }
 
 impl LoadArgs {
@@ -63,6 +67,7 @@ impl LoadArgs {
             timeout_ms: 120_000,
             honor_retry_after: false,
             keyed: false,
+            approve: None,
         }
     }
 
@@ -85,6 +90,7 @@ impl LoadArgs {
         load.timeout_ms = args.number("--timeout-ms")?.unwrap_or(120_000);
         load.honor_retry_after = args.flag("--honor-retry-after");
         load.keyed = args.flag("--keyed");
+        load.approve = args.value("--approve")?.map(PathBuf::from);
         if load.duration_ms.is_none() == load.requests.is_none() {
             return Err("load: give exactly one of --duration-ms and --requests".into());
         }
@@ -127,6 +133,9 @@ impl LoadArgs {
         }
         if let Some(path) = &self.records {
             out.extend(["--records".into(), path.display().to_string()]);
+        }
+        if let Some(path) = &self.approve {
+            out.extend(["--approve".into(), path.display().to_string()]);
         }
         out
     }
@@ -256,7 +265,23 @@ async fn run(load: LoadArgs) -> Result<LoadReport, String> {
         })
         .collect::<Result<Vec<_>, _>>()
         .map_err(|e| e.to_string())?;
+    let approvals: Vec<String> = match &load.approve {
+        Some(path) => std::fs::read_to_string(path)
+            .map_err(|e| format!("{}: {e}", path.display()))?
+            .lines()
+            .filter(|l| !l.is_empty())
+            .map(str::to_owned)
+            .collect(),
+        None => Vec::new(),
+    };
+    if load.approve.is_some() && load.requests != Some(approvals.len() as u64) {
+        return Err(format!(
+            "load --approve: --requests must be the file's {} approvals",
+            approvals.len()
+        ));
+    }
     let load = Arc::new(load);
+    let approvals = Arc::new(approvals);
     let shared = Arc::new(Shared {
         next: AtomicU64::new(0),
         in_flight: AtomicU64::new(0),
@@ -275,6 +300,7 @@ async fn run(load: LoadArgs) -> Result<LoadReport, String> {
             start,
             clients[worker % clients.len()].clone(),
             load.clone(),
+            approvals.clone(),
             shared.clone(),
         )));
     }
@@ -364,6 +390,7 @@ async fn work(
     start: Instant,
     client: reqwest::Client,
     load: Arc<LoadArgs>,
+    approvals: Arc<Vec<String>>,
     shared: Arc<Shared>,
 ) -> Vec<Sample> {
     tokio::time::sleep_until(begin.into()).await;
@@ -384,14 +411,20 @@ async fn work(
                 if n >= total {
                     break;
                 }
-                format!("{}-{n}", load.prefix)
+                match approvals.get(n as usize) {
+                    Some(id) => id.clone(),
+                    None => format!("{}-{n}", load.prefix),
+                }
             }
             (None, None) => break,
         };
-        let url = format!(
-            "{}/checkout?orderId={order}&amount={}",
-            load.url, load.amount
-        );
+        let url = match load.approve {
+            Some(_) => format!("{}/approvals/{order}/approve", load.url),
+            None => format!(
+                "{}/checkout?orderId={order}&amount={}",
+                load.url, load.amount
+            ),
+        };
         let in_flight = shared.in_flight.fetch_add(1, Ordering::Relaxed) + 1;
         shared.max_in_flight.fetch_max(in_flight, Ordering::Relaxed);
         let sent = Instant::now();
@@ -422,23 +455,27 @@ async fn work(
         let status = match answer {
             Ok((status, retry_after, body)) => {
                 if status != 200 {
+                    // A problem's `code`; a paused checkout's 202, its `status`
+                    // (`requires_approval`).
                     code = serde_json::from_slice::<serde_json::Value>(&body)
                         .ok()
-                        .and_then(|v| v.get("code")?.as_str().map(str::to_owned));
+                        .and_then(|v| {
+                            let field = if status == 202 { "status" } else { "code" };
+                            v.get(field)?.as_str().map(str::to_owned)
+                        });
                     if load.honor_retry_after {
                         wait = retry_after.map(Duration::from_secs);
                     }
                 }
-                if status != 200 && code.as_deref() != Some("overloaded") {
+                if status != 200 && status != 202 && code.as_deref() != Some("overloaded") {
                     let text = String::from_utf8_lossy(&body[..body.len().min(300)]).into_owned();
                     shared.error(format!("{status}: {text}"));
                 }
                 if load.records.is_some() {
-                    shared
-                        .records
-                        .lock()
-                        .unwrap()
-                        .push(record(&order, status, &body));
+                    shared.records.lock().unwrap().push(match load.approve {
+                        Some(_) => approval_record(&order, status, &body),
+                        None => record(&order, status, &body),
+                    });
                 }
                 status
             }
@@ -491,9 +528,34 @@ fn record(order: &str, status: u16, body: &[u8]) -> String {
             .map(|n| n.to_string())
             .unwrap_or_else(|| "-".into())
     };
+    let approval = parsed
+        .as_ref()
+        .and_then(|v| v.pointer("/approval/id"))
+        .and_then(|v| v.as_str())
+        .unwrap_or("-");
     format!(
-        "{order}\t{status}\t{receipt}\t{attempts}\t{}\t{}\n",
+        "{order}\t{status}\t{receipt}\t{attempts}\t{}\t{}\t{approval}\n",
         tokens("inputTokens"),
         tokens("outputTokens")
+    )
+}
+
+/// An approval's answer: `approvalId<TAB>status<TAB>orderId<TAB>receiptId<TAB>charged`.
+fn approval_record(approval: &str, status: u16, body: &[u8]) -> String {
+    let parsed: serde_json::Value = serde_json::from_slice(body).unwrap_or_default();
+    let text = |pointer: &str| {
+        parsed
+            .pointer(pointer)
+            .map(|v| match v {
+                serde_json::Value::String(s) => s.clone(),
+                other => other.to_string(),
+            })
+            .unwrap_or_else(|| "-".into())
+    };
+    format!(
+        "{approval}\t{status}\t{}\t{}\t{}\n",
+        text("/orderId"),
+        text("/receipt/id"),
+        text("/charged")
     )
 }
