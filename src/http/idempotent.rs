@@ -14,7 +14,6 @@ use tracing::Instrument;
 
 use super::admission::Slot;
 use super::answer::HttpAnswer;
-use super::approvals;
 use super::error::{Code, Problem};
 use super::state::AppState;
 use crate::idempotency::{self, Begin, Fingerprint, Lease, PAUSED, Saved};
@@ -255,13 +254,20 @@ pub(crate) fn replay(saved: Saved) -> Response {
         .unwrap_or(axum::http::StatusCode::INTERNAL_SERVER_ERROR);
     let mut answer = HttpAnswer::new(status, &saved.content_type, saved.body);
     if saved.status == PAUSED {
-        answer.location = approvals::location_of(&answer.body);
+        answer.location = approval_location(&answer.body);
     }
     let mut answer = answer.into_response();
     answer
         .headers_mut()
         .insert(REPLAYED, HeaderValue::from_static("true"));
     answer
+}
+
+/// The `Location` of a saved 202: a paused operation's answer names its approval
+/// (`{"approval": {"id"}}`, docs/approvals.md), which is where the decision is made.
+fn approval_location(body: &[u8]) -> Option<String> {
+    let paused: serde_json::Value = serde_json::from_slice(body).ok()?;
+    Some(format!("/approvals/{}", paused["approval"]["id"].as_str()?))
 }
 
 fn whole_seconds(d: Duration) -> u64 {

@@ -86,7 +86,7 @@ pub struct RunningResponse {
     security(("api_key" = ["checkout"]), ("api_key" = ["read"])),
     responses(
         (status = 200, description = "The operation's saved answer (its status may be any the checkout answers)", body = super::checkout::CheckoutResponse),
-        (status = 202, description = "Waiting for an approval, or running", body = super::approvals::PausedResponse),
+        (status = 202, description = "Waiting for an approval, or running", body = super::checkout::PausedResponse),
         OperationErrors,
     )
 )]

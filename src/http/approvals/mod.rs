@@ -18,7 +18,7 @@ use uuid::Uuid;
 
 use super::answer::HttpAnswer;
 use super::auth::require;
-use super::checkout::{self, rebuild};
+use super::checkout::{self, ApprovalView, denied_answer, expired_answer, rebuild, saved};
 use super::error::{Code, Problem};
 use super::extract::Params;
 use super::idempotent;
@@ -29,11 +29,9 @@ use crate::idempotency::Lease;
 use crate::payments::OperationKey;
 use crate::worker::{Worker, every};
 
-mod answers;
+mod errors;
 
-pub use answers::{ApprovalErrors, ApprovalView, PausedResponse};
-use answers::{denied_answer, expired_answer, saved};
-pub(crate) use answers::{location_of, pause};
+pub use errors::ApprovalErrors;
 
 /// Whether `caller` may see every caller's approvals (scope `approve`, or `read`).
 fn sees_all(caller: &Caller) -> bool {

@@ -6,14 +6,17 @@
 mod examples;
 mod input;
 mod outcome;
+mod paused;
 
 pub use examples::CheckoutErrors;
 pub use input::CheckoutQuery;
-pub(crate) use input::rebuild;
 pub use input::CheckoutRequest;
+pub(crate) use input::rebuild;
 use input::{order, recipient};
 pub use outcome::{CheckoutResponse, UsageView};
 use outcome::{failure, paid_anyway, success};
+pub use paused::{ApprovalView, PausedResponse};
+pub(crate) use paused::{denied_answer, expired_answer, saved};
 
 use axum::extract::{Extension, State};
 use axum::response::{IntoResponse, Response};
@@ -22,7 +25,6 @@ use crate::assistant::CheckoutContext;
 use crate::caller::{Caller, Scope};
 use crate::http::admission::Slot;
 use crate::http::answer::HttpAnswer;
-use crate::http::approvals;
 use crate::http::auth::require;
 use crate::http::error::Code;
 use crate::http::extract::{Format, IdempotencyKey, NoBody, Params};
@@ -150,7 +152,7 @@ pub(crate) async fn run(
         && let Some(found) = err.kind.approval()
     {
         let found = found.cloned();
-        return Box::pin(approvals::pause(app, &ctx, found)).await;
+        return Box::pin(paused::pause(app, &ctx, found)).await;
     }
     match result.or_else(|err| paid_anyway(&ctx, err)) {
         Ok(outcome) => {

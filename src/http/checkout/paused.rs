@@ -1,19 +1,16 @@
-//! What the approvals answer: the views of an approval, a paused checkout's 202, the
-//! operation's answer after a denial or the expiry, the pause itself, and the error
-//! answers of the approvals endpoints for the API document.
-
-use std::collections::BTreeMap;
+//! A checkout paused for a person's approval (docs/approvals.md): the loop stopped at its
+//! charge, and [`pause`] records the approval and saves the operation's 202 in one
+//! transaction; the views of an approval, and the operation's answers once it is denied
+//! or expires, which the approvals endpoints (`http::approvals`) write.
 
 use axum::http::StatusCode;
 use serde::{Deserialize, Serialize};
-use utoipa::openapi::{RefOr, Response as DocResponse};
-use utoipa::{IntoResponses, ToSchema};
+use utoipa::ToSchema;
 
 use crate::approvals::{Approval, Paused, Status};
 use crate::assistant::CheckoutContext;
-use crate::caller::AuthRefusal;
 use crate::http::answer::HttpAnswer;
-use crate::http::error::{Code, Problem, documented};
+use crate::http::error::{Code, Problem};
 use crate::http::state::AppState;
 use crate::idempotency::{Lease, Saved};
 
@@ -83,14 +80,8 @@ pub struct PausedResponse {
     pub message: String,
 }
 
-/// The `Location` of a saved 202: its approval.
-pub(crate) fn location_of(body: &[u8]) -> Option<String> {
-    let paused: PausedResponse = serde_json::from_slice(body).ok()?;
-    Some(format!("/approvals/{}", paused.approval.id))
-}
-
 /// The 202 of a checkout waiting for `approval`.
-pub(super) fn paused_answer(approval: &Approval) -> HttpAnswer {
+pub(crate) fn paused_answer(approval: &Approval) -> HttpAnswer {
     let message = format!(
         "The charge of {} for order {} waits for a person's approval (approval {}); nothing is charged until it is approved, and nothing if it is denied or expires at {}.",
         approval.amount,
@@ -114,7 +105,7 @@ pub(super) fn paused_answer(approval: &Approval) -> HttpAnswer {
 }
 
 /// The operation's answer once a person denied its approval.
-pub(super) fn denied_answer(approval: &Approval) -> HttpAnswer {
+pub(crate) fn denied_answer(approval: &Approval) -> HttpAnswer {
     let by = approval.decided_by.as_deref().unwrap_or_default();
     let reason = approval
         .reason
@@ -131,7 +122,7 @@ pub(super) fn denied_answer(approval: &Approval) -> HttpAnswer {
 }
 
 /// The operation's answer once its approval expired undecided.
-pub(super) fn expired_answer(approval: &Approval) -> HttpAnswer {
+pub(crate) fn expired_answer(approval: &Approval) -> HttpAnswer {
     Problem::new(
         Code::ApprovalExpired,
         format!(
@@ -142,7 +133,7 @@ pub(super) fn expired_answer(approval: &Approval) -> HttpAnswer {
     .answer()
 }
 
-pub(super) fn saved(answer: &HttpAnswer) -> Saved {
+pub(crate) fn saved(answer: &HttpAnswer) -> Saved {
     Saved {
         status: answer.status.as_u16(),
         content_type: answer.content_type.clone(),
@@ -153,7 +144,7 @@ pub(super) fn saved(answer: &HttpAnswer) -> Saved {
 /// The loop stopped at the charge for an approval (`found`: the operation's, if it has
 /// one): records it and saves the 202 in one transaction, or answers the decision it
 /// found.
-pub(crate) async fn pause(
+pub(super) async fn pause(
     app: &AppState,
     ctx: &CheckoutContext,
     found: Option<Approval>,
@@ -212,71 +203,5 @@ pub(crate) async fn pause(
         )
         .retry_after(1)
         .answer(),
-    }
-}
-
-/// The error answers of the approvals endpoints.
-pub struct ApprovalErrors;
-
-impl IntoResponses for ApprovalErrors {
-    fn responses() -> BTreeMap<String, RefOr<DocResponse>> {
-        let id = "0193a8f0-5f2c-7cc1-9d7e-3c1a2b4d5e6f";
-        documented([
-            (
-                "`invalid_request`: not an approval id, a bad `limit` or `status`, a body that is not `{\"reason\"}`",
-                vec![Problem::invalid("id", "\"x\" is not an approval id (a UUID)")],
-            ),
-            (
-                "`unauthorized`: no valid API key (see WWW-Authenticate)",
-                vec![Problem::unauthorized(AuthRefusal::Missing)],
-            ),
-            (
-                "`forbidden`: deciding needs the scope `approve`",
-                vec![Problem::new(
-                    Code::Forbidden,
-                    "deciding approvals needs an API key with the scope approve",
-                )],
-            ),
-            (
-                "`not_found`: no such approval (or another caller's, without the scope `approve`)",
-                vec![Problem::new(Code::NotFound, format!("there is no approval {id}"))],
-            ),
-            (
-                "`approval_decided`: decided the other way already; `in_flight`: approved, its checkout still running",
-                vec![
-                    Problem::new(
-                        Code::ApprovalDecided,
-                        format!("approval {id} was denied by \"ops\" already; the first decision stands"),
-                    ),
-                    Problem::new(
-                        Code::InFlight,
-                        format!("approval {id} is approved and its checkout is running; repeat this request for its answer"),
-                    )
-                    .retry_after(1),
-                ],
-            ),
-            (
-                "`approval_expired`: nobody decided it in time; nothing was charged",
-                vec![Problem::new(
-                    Code::ApprovalExpired,
-                    format!("nobody decided approval {id} of the charge of 500.00 USD for order A-100 before it expired; nothing was charged"),
-                )],
-            ),
-            (
-                "`unavailable`: the database could not be reached; `overloaded`: the instance runs as many checkouts as it takes",
-                vec![
-                    Problem::new(
-                        Code::Unavailable,
-                        "cannot read the approvals: pool timed out while waiting for an open connection",
-                    )
-                    .retry_after(1),
-                    Problem::new(
-                        Code::Overloaded,
-                        "this instance is running as many checkouts as it takes; retry shortly",
-                    )
-                    .retry_after(1),
-                ],
-            ),
-        ])
     }
 }
