@@ -23,6 +23,7 @@ mod overload;
 mod process;
 mod provider;
 mod real_server_answers;
+mod refunds;
 mod scopes;
 mod store_contract;
 mod traces;

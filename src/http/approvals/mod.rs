@@ -18,10 +18,11 @@ use uuid::Uuid;
 
 use super::answer::HttpAnswer;
 use super::auth::require;
-use super::checkout::{self, rebuild};
+use super::checkout;
 use super::error::{Code, Problem};
 use super::extract::Params;
 use super::idempotent;
+use super::resume::rebuild;
 use super::state::AppState;
 use crate::approvals::{Approval, Decided, Status};
 use crate::caller::{Caller, Scope};
@@ -244,7 +245,7 @@ async fn finish(
                 let app = app.clone();
                 async move {
                     let _slot = slot;
-                    checkout::run(&app, request, operation_key, &owner, fence).await
+                    request.run(&app, operation_key, &owner, fence).await
                 }
             };
             return idempotent::resume(app, lease, work).await.into_response();

@@ -13,6 +13,7 @@ pub(super) struct Endpoint {
     pub(super) http: reqwest::Client,
     pub(super) create: reqwest::Url,
     pub(super) search: reqwest::Url,
+    pub(super) refunds: reqwest::Url,
     pub(super) api_key: Secret,
 }
 
@@ -32,6 +33,19 @@ pub(super) fn transport(
                     .header("Idempotency-Key", key.as_ref())
                     .header(CONTENT_TYPE, "application/x-www-form-urlencoded")
                     .body(form),
+                Request::Refund { key, form } => endpoint
+                    .http
+                    .post(endpoint.refunds.clone())
+                    .header("Idempotency-Key", key.as_ref())
+                    .header(CONTENT_TYPE, "application/x-www-form-urlencoded")
+                    .body(form),
+                Request::ListRefunds { payment_intent } => {
+                    let mut url = endpoint.refunds.clone();
+                    url.query_pairs_mut()
+                        .append_pair("payment_intent", &payment_intent)
+                        .append_pair("limit", "100");
+                    endpoint.http.get(url)
+                }
                 Request::Search { query } => {
                     let mut url = endpoint.search.clone();
                     url.query_pairs_mut().append_pair("query", &query);
