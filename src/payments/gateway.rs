@@ -57,6 +57,9 @@ pub struct RefundMade {
     pub refund: Refund,
     /// True when this call made it; false when it found this operation's earlier one.
     pub created: bool,
+    /// The journal's entries committed with it (this call made it, or recorded the
+    /// provider's answer of a refund an earlier run left pending).
+    pub journaled: bool,
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -462,6 +465,7 @@ impl PaymentGateway {
                 return Ok(RefundMade {
                     refund: row,
                     created: false,
+                    journaled: false,
                 });
             }
             RefundStatus::Failed => {
@@ -488,13 +492,17 @@ impl PaymentGateway {
                 done.status = RefundStatus::Succeeded;
                 done.provider_refund_id = Some(refund_id.clone());
                 let entries = journal(&done);
-                self.refunds
+                let journaled = self
+                    .refunds
                     .settle(&row, RefundStatus::Succeeded, Some(&refund_id), &entries)
                     .await?;
                 tracing::info!(order = %row.order_id, refund = %refund_id, "payment provider: refunded");
+                // Made by this call when it reserved the refund; a run that settled an
+                // earlier run's pending refund found it.
                 Ok(RefundMade {
                     refund: done,
-                    created: true,
+                    created: made.created,
+                    journaled,
                 })
             }
             RefundAnswer::Refused { code, message } => {
@@ -512,10 +520,12 @@ impl PaymentGateway {
             RefundOutcome::Created(refund) => Ok(RefundMade {
                 refund,
                 created: true,
+                journaled: true,
             }),
             RefundOutcome::Existing(refund) => Ok(RefundMade {
                 refund,
                 created: false,
+                journaled: false,
             }),
             RefundOutcome::Exceeds(state) => Err(RefundError::Exceeds {
                 order: asked.order_id.clone(),

@@ -108,7 +108,11 @@ impl ToolBox {
                 entries
             })
             .await;
-        let RefundMade { refund, created } = match made {
+        let RefundMade {
+            refund,
+            created,
+            journaled: committed,
+        } = match made {
             Ok(made) => made,
             Err(RefundError::Exceeds { state, .. }) => {
                 ctx.charge_not_sent(doubt_before);
@@ -142,7 +146,7 @@ impl ToolBox {
         Ok(ToolOutput {
             content: refund_result(&refund, !created),
             receipt: Some(receipt),
-            journaled: journaled && created,
+            journaled: journaled && committed,
         })
     }
 
