@@ -486,7 +486,18 @@ impl PaymentGateway {
         if made.created {
             tracing::info!(order = %row.order_id, refund_key = %key, "refund reserved against the charge; calling the payment provider");
         }
-        match provider.api.refund(&call).await? {
+        // A pending refund an earlier run left (it died, or lost the answer) is looked up
+        // first: listed, it is settled without a request; not listed, it is sent under its
+        // key. A key the provider no longer keeps (Stripe: 24 h) cannot refund twice then.
+        let listed = match made.created {
+            true => None,
+            false => provider.api.find_refund(&call).await?,
+        };
+        let answer = match listed {
+            Some(answer) => answer,
+            None => provider.api.refund(&call).await?,
+        };
+        match answer {
             RefundAnswer::Made { refund_id } => {
                 let mut done = row.clone();
                 done.status = RefundStatus::Succeeded;
