@@ -23,6 +23,7 @@ mod overload;
 mod process;
 mod provider;
 mod real_server_answers;
+mod refund_faults;
 mod refund_provider;
 mod refunds;
 mod scopes;
