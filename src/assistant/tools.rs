@@ -209,13 +209,13 @@ impl ToolBox {
             .map_err(ToolFailure::Approvals)?;
         match approval {
             Some(approval) if approval.status == Status::Approved => {
-                tracing::info!(approval = %approval.id, decided_by = approval.decided_by.as_deref().unwrap_or_default(), "charge tool: the charge was approved; charging");
+                tracing::info!(approval = %approval.id, decided_by = approval.decided_by.as_deref().unwrap_or_default(), "the charge or refund was approved; going on");
                 Ok(())
             }
             approval => {
                 tracing::info!(
                     status = approval.as_ref().map_or("none yet", |a| a.status.as_str()),
-                    "charge tool: the charge needs a person's approval; the loop stops here, nothing charged"
+                    "the charge or refund needs a person's approval; the loop stops here, nothing done"
                 );
                 Err(ToolFailure::Approval(approval.map(Box::new)))
             }

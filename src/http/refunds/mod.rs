@@ -78,14 +78,23 @@ pub async fn refund(
     if format == Format::Text {
         fingerprint = fingerprint.noting("accept", "text/plain");
     }
+    // Above the caller's threshold the refund waits for a person, as a charge does.
+    let amount = order.amount();
+    let needs_approval = caller
+        .approval_above(&app.settings().payments, amount.currency())
+        .is_some_and(|above| amount.minor() > above.minor());
+    if needs_approval {
+        fingerprint = fingerprint.noting("approval", "required");
+    }
     let request = RefundRequest {
         order,
         reason: checked.reason,
         email,
         format,
-        needs_approval: false,
+        needs_approval,
     };
-    match client_key {
+    // A refund that may pause is keyed: its pause is rows.
+    match client_key.or_else(|| needs_approval.then(OperationKey::mint)) {
         Some(key) => {
             let work = {
                 let (app, key, caller) = (app.clone(), key.clone(), caller.clone());
@@ -240,5 +249,11 @@ pub(crate) async fn run(
         ctx = ctx.needing_approval();
     }
     let result = app.assistant().checkout(ctx.clone()).await;
+    if let Err(err) = &result
+        && let Some(found) = err.kind.approval()
+    {
+        let found = found.cloned();
+        return Box::pin(crate::http::approvals::pause(app, &ctx, found)).await;
+    }
     Box::pin(outcome::answer(app, &ctx, result, format)).await
 }
