@@ -531,6 +531,9 @@ mod tests {
         metrics.breaker_transition("m", "closed", "open");
         metrics.breaker_refused("m");
         metrics.fallback_turn("m");
+        metrics.refunded(
+            crate::payments::Money::parse("1.00", crate::payments::Currency::USD).unwrap(),
+        );
         let text = metrics.render();
         for def in CATALOGUE {
             assert!(

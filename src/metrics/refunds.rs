@@ -2,6 +2,7 @@
 //! `metrics.rs`, and the methods that record them.
 
 use super::{Def, Metrics};
+use crate::payments::Money;
 use crate::payments::store::Refund;
 
 /// How a refund tool call can end: one series each.
@@ -31,10 +32,14 @@ impl Metrics {
         debug_assert!(OUTCOMES.contains(&outcome), "{outcome}");
         self.counter(&REFUNDS, &[("outcome", outcome)], 1);
         if outcome == "refunded" {
-            let minor = u64::try_from(refund.amount.minor()).unwrap_or(0);
-            let currency = refund.amount.currency().code();
-            self.counter(&REFUNDED, &[("currency", currency)], minor);
+            self.refunded(refund.amount);
         }
+    }
+
+    /// Money given back, by currency.
+    pub fn refunded(&self, amount: Money) {
+        let minor = u64::try_from(amount.minor()).unwrap_or(0);
+        self.counter(&REFUNDED, &[("currency", amount.currency().code())], minor);
     }
 
     /// A refund refused: nothing refunded.
