@@ -261,3 +261,66 @@ both_backends!(
         assert_eq!(refunds(&h.db).await, 1);
     }
 );
+
+// Real processes on one Postgres: the instance running a refund is killed (SIGKILL) after
+// the refund committed and before its answer; the client's retry to another instance
+// resumes from the journal (round 1 and the refund's result replayed, only round 2 asked)
+// and refunds nothing more.
+// Seen failing: with the journal never read and the refund key minted per call (as
+// above), the survivor refunded again (`refunded` true, refundedAmount 40.00 where 20.00).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn killed_after_the_refund_before_the_answer_the_retry_to_another_instance_refunds_once() {
+    use crate::common::Process;
+    let db = TestDb::new(Backend::Postgres).await;
+    let model = scripted("").await;
+    let instance = || {
+        Process::start(&[
+            ("DATABASE_URL", db.url.as_str()),
+            ("OPENAI_BASE_URL", &model.base_url()),
+            ("CHECKOUT_IDEMPOTENCY_LEASE_MS", "1000"),
+            ("CHECKOUT_REQUEST_TIMEOUT_MS", "5000"),
+            ("CHECKOUT_LOOP_TIMEOUT_MS", "10000"),
+        ])
+    };
+    let (mut victim, survivor) = (instance(), instance());
+    let http = client();
+    let paid = post(
+        &http,
+        &victim.url("/checkout?orderId=KR-1&amount=50.00"),
+        &[],
+        None,
+    )
+    .await;
+    assert_eq!(paid.status, 200, "{}", paid.text());
+    model.set_faults(FaultRule::parse_plan("slow=3000@2x1").unwrap());
+    let key = ("idempotency-key", "crash-refund-key");
+    let lost = {
+        let (http, url) = (
+            http.clone(),
+            victim.url("/refunds?orderId=KR-1&amount=20.00"),
+        );
+        tokio::spawn(async move { post(&http, &url, &[key], None).await })
+    };
+    until(
+        "round 2 of the refund is asked, after the refund",
+        async || model.requests() == 2 + 2,
+    )
+    .await;
+    assert_eq!(refunds(&db).await, 1);
+    victim.signal("KILL");
+    let status = victim.wait(Duration::from_secs(5));
+    assert_eq!(
+        std::os::unix::process::ExitStatusExt::signal(&status),
+        Some(9)
+    );
+    let _ = lost.await;
+    let url = survivor.url("/refunds?orderId=KR-1&amount=20.00");
+    let reply = crate::common::settled(async || post(&http, &url, &[key], None).await).await;
+    assert_eq!(reply.status, 200, "{}", reply.text());
+    let body = reply.json();
+    assert_eq!(body["refunded"], false, "made by the dead instance: {body}");
+    assert_eq!(body["receipt"]["refundedAmount"], "20.00");
+    assert_eq!(refunds(&db).await, 1);
+    assert_eq!(model.requests(), 4 + 1, "only round 2 asked again");
+    assert_eq!(body["usage"]["replayedSteps"], 2, "{body}");
+}
