@@ -426,3 +426,26 @@ both_backends!(
         assert_eq!(refunds(&h.db).await, 3);
     }
 );
+
+// The model's refund arguments are checked against the refund the handler authorized, as
+// a charge's are: another amount (the model writes "120.00" for "20.00") is refused, the
+// model is told the accepted call, nothing is refunded; then the right call refunds once.
+// Seen failing: with the refund tool's argument check taken out (`if false && let Err`),
+// the wrong call refunded at once (2 model requests where 3).
+both_backends!(
+    a_refund_call_with_another_amount_is_refused_and_refunds_nothing,
+    |backend| async move {
+        let h = Harness::start(backend).await;
+        charged(&h, "RW-1").await;
+        h.model.set_faults(
+            checkout::model::scripted::FaultRule::parse_plan("wrong-amount@1x1").unwrap(),
+        );
+        let before = h.model.requests();
+        let reply = refund(&h, "orderId=RW-1&amount=20.00", Some("rw-1")).await;
+        assert_eq!(reply.status, 200, "{}", reply.text());
+        assert_eq!(reply.json()["refund"]["amount"], "20.00");
+        assert_eq!(refunds(&h.db).await, 1);
+        // The refused call, the right one, the sentence.
+        assert_eq!(h.model.requests() - before, 3);
+    }
+);
