@@ -31,6 +31,7 @@ use metrics_exporter_prometheus::{
 mod approvals;
 mod breaker;
 mod genai;
+mod refunds;
 
 pub use genai::GenAiTarget;
 
@@ -141,6 +142,8 @@ const GAUGES: &[&Def] = &[
 
 const CATALOGUE: &[&Def] = &[
     &approvals::DECIDED,
+    &refunds::REFUNDS,
+    &refunds::REFUNDED,
     &approvals::ASKED,
     &REFUSALS,
     &breaker::TRANSITIONS,
@@ -314,6 +317,7 @@ impl Metrics {
             metrics.counter(&JOURNAL_TOKENS_SAVED, &[("type", kind)], 0);
         }
         metrics.approvals_start();
+        metrics.refunds_start();
         metrics
     }
 
@@ -527,6 +531,9 @@ mod tests {
         metrics.breaker_transition("m", "closed", "open");
         metrics.breaker_refused("m");
         metrics.fallback_turn("m");
+        metrics.refunded(
+            crate::payments::Money::parse("1.00", crate::payments::Currency::USD).unwrap(),
+        );
         let text = metrics.render();
         for def in CATALOGUE {
             assert!(

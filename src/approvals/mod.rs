@@ -68,6 +68,8 @@ impl fmt::Display for Status {
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Approval {
     pub id: Uuid,
+    /// `charge` or `refund`: what the operation waits to do.
+    pub kind: String,
     pub caller: String,
     pub operation_key: String,
     pub order_id: String,
@@ -113,8 +115,8 @@ pub struct Approvals {
 }
 
 const ASK: &str = "\
-    INSERT INTO approvals (id, caller, operation_key, order_id, amount_minor, currency, status, created_at, expires_at) \
-    SELECT $1, $2, $3, $4, $5, $6, 'pending', now_ms, now_ms + $7 FROM clock WHERE true \
+    INSERT INTO approvals (id, caller, operation_key, order_id, amount_minor, currency, status, created_at, expires_at, kind) \
+    SELECT $1, $2, $3, $4, $5, $6, 'pending', now_ms, now_ms + $7, $8 FROM clock WHERE true \
     ON CONFLICT (caller, operation_key) DO NOTHING";
 
 /// The decisions: from `pending`, before the expiry, once.
@@ -169,6 +171,7 @@ impl Approvals {
         &self,
         lease: &Lease,
         order: &Order,
+        kind: &str,
         keep: Duration,
         answer: impl FnOnce(&Approval) -> Saved,
     ) -> Result<Paused, StoreError> {
@@ -186,6 +189,7 @@ impl Approvals {
                 .bind(amount.minor())
                 .bind(amount.currency().code())
                 .bind(millis(self.ttl))
+                .bind(kind)
                 .execute(&mut *tx)
                 .await?;
             let row: Row = sqlx::query_as(OF_OPERATION)
@@ -404,7 +408,7 @@ macro_rules! select {
     ($where:literal) => {
         concat!(
             "SELECT id, caller, operation_key, order_id, amount_minor, currency, status, ",
-            "reason, decided_by, created_at, expires_at, decided_at, now_ms FROM approvals, clock ",
+            "reason, decided_by, created_at, expires_at, decided_at, kind, now_ms FROM approvals, clock ",
             $where
         )
     };
@@ -441,6 +445,7 @@ struct Row {
     created_at: i64,
     expires_at: i64,
     decided_at: Option<i64>,
+    kind: String,
     now_ms: i64,
 }
 
@@ -466,6 +471,7 @@ impl Row {
             order_id: self.order_id,
             reason: self.reason,
             decided_by: self.decided_by,
+            kind: self.kind,
         })
     }
 }

@@ -119,12 +119,19 @@ impl Service<LoopRequest> for AgentLoop {
 impl CheckoutOutcome {
     /// The confirmation the service writes from the receipt.
     pub fn written_by_service(ctx: &CheckoutContext, receipt: Receipt, attempts: u32) -> Self {
-        CheckoutOutcome {
-            charged: ctx.made(&receipt),
-            message: format!(
+        let message = match ctx.refund_made() {
+            Some((refund, _)) => format!(
+                "Order {}: {} refunded, refund {}.",
+                refund.order_id, refund.amount, refund.id
+            ),
+            None => format!(
                 "Order {} is paid: {} charged, receipt {}.",
                 receipt.order_id, receipt.amount, receipt.id
             ),
+        };
+        CheckoutOutcome {
+            charged: ctx.made(&receipt),
+            message,
             receipt,
             message_source: MessageSource::Service,
             attempts,
@@ -142,8 +149,16 @@ impl Inner {
         let limits = self.limits;
         let mut chat = ChatRequest {
             model: self.model.primary().model().to_owned(),
-            messages: prompts::opening(ctx.order(), ctx.email().is_some()),
-            tools: ToolBox::offered(ctx.email().is_some()),
+            messages: if ctx.is_refund() {
+                prompts::refund_opening(ctx.order(), ctx.email().is_some())
+            } else {
+                prompts::opening(ctx.order(), ctx.email().is_some())
+            },
+            tools: if ctx.is_refund() {
+                ToolBox::offered_refund(ctx.email().is_some())
+            } else {
+                ToolBox::offered(ctx.email().is_some())
+            },
             max_tokens: Some(limits.max_tokens),
         };
         // Pins guard a journal that another run may read; steps kept in process are read
@@ -203,9 +218,17 @@ impl Inner {
                     .remember(ctx, std::mem::take(&mut pending))
                     .await?;
                 let Some(receipt) = receipt else {
-                    // Over the budget, not charging is right: no nudge.
-                    if nudges == limits.max_nudges || ctx.over_budget().is_some() {
-                        return Err(FailureKind::ModelDidNotCharge);
+                    // Over the budget (or past the charge, for a refund), not charging
+                    // (refunding) is right: no nudge.
+                    if nudges == limits.max_nudges
+                        || ctx.over_budget().is_some()
+                        || ctx.refused_refund().is_some()
+                    {
+                        return Err(if ctx.is_refund() {
+                            FailureKind::ModelDidNotRefund
+                        } else {
+                            FailureKind::ModelDidNotCharge
+                        });
                     }
                     nudges += 1;
                     tracing::info!(
@@ -219,7 +242,11 @@ impl Inner {
                         content: reply.content,
                         tool_calls: Vec::new(),
                     });
-                    chat.messages.push(prompts::nudge(ctx.order()));
+                    chat.messages.push(if ctx.is_refund() {
+                        prompts::refund_nudge(ctx.order())
+                    } else {
+                        prompts::nudge(ctx.order())
+                    });
                     continue;
                 };
                 return Ok(match reply.content.as_deref().map(str::trim) {

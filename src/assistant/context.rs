@@ -7,7 +7,7 @@ use std::sync::{Arc, Mutex};
 use crate::journal::{Entry, JournalKey, NewEntry};
 use crate::model::Completion;
 use crate::outbox::Recipient;
-use crate::payments::store::BudgetLeft;
+use crate::payments::store::{BudgetLeft, NewRefund, Refund, RefundStatus, Refunded};
 use crate::payments::{
     Charge, ChargeKey, Money, OperationKey, Order, OrderId, PaymentGateway, Receipt,
 };
@@ -47,6 +47,15 @@ struct Inner {
     /// The caller's budget for the day in the order's currency (`None`: no budget),
     /// resolved by the handler from its API key and the settings.
     budget: Option<Money>,
+    /// A refund, not a charge: the order's id and the amount to give back are `order`'s,
+    /// authorized by the handler against the receipt; the refund key is the operation key.
+    refund: Option<RefundAsked>,
+}
+
+/// What a refund operation carries besides its order and amount.
+#[derive(Debug)]
+struct RefundAsked {
+    reason: Option<String>,
 }
 
 /// What a checkout cost in model requests and tokens, and what its journal saved.
@@ -69,6 +78,11 @@ struct ChargeState {
     in_doubt: bool,
     /// A charge was refused for passing the caller's budget: what was left.
     over_budget: Option<BudgetLeft>,
+    /// The refund this operation's calls made or found, and whether this run made it.
+    refund: Option<(Refund, bool)>,
+    /// A refund refused for passing what the order was charged (or for an order that is
+    /// not charged: `None` inside).
+    refund_refused: Option<Option<Refunded>>,
 }
 
 impl CheckoutContext {
@@ -99,7 +113,59 @@ impl CheckoutContext {
             models: Mutex::new(Vec::new()),
             needs_approval: false,
             budget: None,
+            refund: None,
         }))
+    }
+
+    /// The same operation as a refund of its order's amount, not a charge. Set by the
+    /// handler before anything runs.
+    pub fn refunding(mut self, reason: Option<String>) -> Self {
+        Arc::get_mut(&mut self.0)
+            .expect("set before the context is shared")
+            .refund = Some(RefundAsked { reason });
+        self
+    }
+
+    /// Whether the operation refunds (the loop offers `refund`, not `charge`).
+    pub fn is_refund(&self) -> bool {
+        self.0.refund.is_some()
+    }
+
+    /// The one refund this operation may make: its order, its amount, under its key, for
+    /// its caller. The model's arguments have no part in it.
+    pub fn refund(&self) -> NewRefund<'_> {
+        NewRefund {
+            order_id: self.0.order.id(),
+            amount: self.0.order.amount(),
+            operation_key: self.0.operation_key.as_str(),
+            caller: &self.0.journal.caller,
+            reason: self.0.refund.as_ref().and_then(|r| r.reason.as_deref()),
+            status: RefundStatus::Succeeded,
+        }
+    }
+
+    /// Notes the refund a call made (`created`) or found. A run that made it keeps
+    /// saying so when a later attempt finds it.
+    pub(crate) fn record_refund(&self, refund: &Refund, created: bool) {
+        let mut state = self.charge_state();
+        let created = created || state.refund.as_ref().is_some_and(|(_, made)| *made);
+        state.refund = Some((refund.clone(), created));
+        state.in_doubt = false;
+    }
+
+    /// The refund made or found, and whether this run made it.
+    pub fn refund_made(&self) -> Option<(Refund, bool)> {
+        self.charge_state().refund.clone()
+    }
+
+    /// Notes a refund refused for passing the charge (`None`: the order is not charged).
+    pub(crate) fn refund_refused(&self, state: Option<Refunded>) {
+        self.charge_state().refund_refused = Some(state);
+    }
+
+    /// Why a refund of this operation was refused, if one was.
+    pub fn refused_refund(&self) -> Option<Option<Refunded>> {
+        self.charge_state().refund_refused
     }
 
     /// The same checkout, its charge waiting for a person's approval. Set by the handler

@@ -8,6 +8,7 @@ use crate::approvals::Approval;
 use crate::db::StoreError;
 use crate::model::{ModelError, ModelErrorKind};
 use crate::outbox::QueueError;
+use crate::payments::gateway::RefundError;
 use crate::payments::{ChargeError, Receipt};
 use crate::retry::{Retried, Stop, Unit};
 
@@ -26,6 +27,9 @@ pub enum ToolFailure {
     Approval(Option<Box<Approval>>),
     #[error("cannot read or record the charge's approval: {0}")]
     Approvals(#[source] StoreError),
+    /// Boxed: a checkout's failure stays as small as it was before refunds.
+    #[error(transparent)]
+    Refund(Box<RefundError>),
 }
 
 /// A checkout that did not end in a confirmed charge, after the loop retry had its say.
@@ -39,6 +43,8 @@ pub enum FailureKind {
     Model(#[from] ModelError),
     #[error("the model finished without charging the order")]
     ModelDidNotCharge,
+    #[error("the model finished without refunding the order")]
+    ModelDidNotRefund,
     #[error("the model was still calling tools after {0} rounds")]
     TooManyRounds(u32),
     #[error(transparent)]
@@ -92,10 +98,13 @@ impl FailureKind {
             FailureKind::Tool(ToolFailure::Charge(ChargeError::Provider(err))) => {
                 err.is_transient()
             }
+            FailureKind::Tool(ToolFailure::Refund(err)) => err.is_transient(),
             FailureKind::Tool(_) | FailureKind::Journal(_) => {
                 self.store_error().is_some_and(StoreError::is_transient)
             }
-            FailureKind::ModelDidNotCharge | FailureKind::TooManyRounds(_) => false,
+            FailureKind::ModelDidNotCharge
+            | FailureKind::ModelDidNotRefund
+            | FailureKind::TooManyRounds(_) => false,
         }
     }
 
@@ -122,8 +131,16 @@ impl FailureKind {
                 }
             }
             FailureKind::Tool(ToolFailure::Approvals(_)) => "database",
+            FailureKind::Tool(ToolFailure::Refund(err)) => match &**err {
+                RefundError::Provider(err) => err.reason(),
+                RefundError::Refused { .. } => "refund_refused",
+                RefundError::Exceeds { .. } => "refund_exceeds_charge",
+                RefundError::NotCharged(_) => "not_charged",
+                RefundError::Store(_) => "database",
+            },
             FailureKind::Journal(_) => "journal",
             FailureKind::ModelDidNotCharge => "model_did_not_charge",
+            FailureKind::ModelDidNotRefund => "model_did_not_refund",
             FailureKind::TooManyRounds(_) => "too_many_rounds",
         }
     }
@@ -153,8 +170,12 @@ impl FailureKind {
         match self {
             FailureKind::Tool(ToolFailure::Charge(ChargeError::Store(err)))
             | FailureKind::Tool(ToolFailure::Outbox(QueueError::Store(err)))
-            | FailureKind::Tool(ToolFailure::Approvals(err))
-            | FailureKind::Journal(JournalFailure::Store(err)) => Some(err),
+            | FailureKind::Tool(ToolFailure::Approvals(err)) => Some(err),
+            FailureKind::Tool(ToolFailure::Refund(refund)) => match &**refund {
+                RefundError::Store(err) => Some(err),
+                _ => None,
+            },
+            FailureKind::Journal(JournalFailure::Store(err)) => Some(err),
             _ => None,
         }
     }
@@ -163,6 +184,14 @@ impl FailureKind {
     pub fn approval(&self) -> Option<Option<&Approval>> {
         match self {
             FailureKind::Tool(ToolFailure::Approval(approval)) => Some(approval.as_deref()),
+            _ => None,
+        }
+    }
+
+    /// The refund's own failure.
+    pub fn refund_error(&self) -> Option<&RefundError> {
+        match self {
+            FailureKind::Tool(ToolFailure::Refund(err)) => Some(err),
             _ => None,
         }
     }

@@ -42,3 +42,39 @@ pub fn nudge(order: &Order) -> Message {
         ),
     }
 }
+
+pub const REFUND_SYSTEM: &str = "You are a checkout assistant. Use the refund tool to give the customer the money back, then confirm it to the customer in one sentence.";
+/// With the customer's address in the request: the same, and the confirmation email.
+pub const REFUND_SYSTEM_WITH_EMAIL: &str = "You are a checkout assistant. Use the refund tool to give the customer the money back, then the send_confirmation tool to email the customer that the refund is made, then confirm it to the customer in one sentence.";
+
+/// The opening messages of a refund: as [`opening`], the order quoted.
+pub fn refund_opening(order: &Order, confirmation: bool) -> Vec<Message> {
+    vec![
+        Message::System {
+            content: if confirmation {
+                REFUND_SYSTEM_WITH_EMAIL
+            } else {
+                REFUND_SYSTEM
+            }
+            .to_owned(),
+        },
+        Message::User {
+            content: format!(
+                "Refund order \"{}\" the amount of {} {}.",
+                order.id(),
+                order.amount().decimal(),
+                order.amount().currency()
+            ),
+        },
+    ]
+}
+
+/// Sent when the model ends in text without having refunded.
+pub fn refund_nudge(order: &Order) -> Message {
+    Message::User {
+        content: format!(
+            "The refund is not made yet. Call the refund tool with {}.",
+            super::tools::accepted_arguments(order)
+        ),
+    }
+}

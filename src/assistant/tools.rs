@@ -23,6 +23,10 @@ use crate::payments::store::BudgetLeft;
 use crate::payments::{ChargeError, Order, PaymentGateway, Receipt};
 use crate::telemetry::genai;
 
+mod refund;
+
+pub use refund::REFUND;
+
 pub const CHARGE: &str = "charge";
 pub const SEND_CONFIRMATION: &str = "send_confirmation";
 
@@ -104,6 +108,11 @@ impl ToolBox {
         Tools::Offered(&SPECS)
     }
 
+    /// The tools offered on a refund operation: `refund` instead of `charge`.
+    pub fn offered_refund(confirmation: bool) -> Tools {
+        refund::offered(confirmation)
+    }
+
     /// Runs one tool call, in its `execute_tool {name}` span. A mistake of the model's
     /// (unknown tool, bad arguments, another order or amount) comes back as an error result
     /// for the model, and nothing is charged. `journal`, when the loop's steps go to the
@@ -125,6 +134,9 @@ impl ToolBox {
         call: &ToolCall,
         journal: Option<impl FnOnce(String) -> Vec<NewEntry>>,
     ) -> Result<ToolOutput, ToolFailure> {
+        if ctx.is_refund() {
+            return Box::pin(self.run_refund(ctx, call, journal)).await;
+        }
         let name = call.function.name.as_str();
         if name == SEND_CONFIRMATION && ctx.email().is_some() {
             return self.confirm(ctx).await;
@@ -197,13 +209,13 @@ impl ToolBox {
             .map_err(ToolFailure::Approvals)?;
         match approval {
             Some(approval) if approval.status == Status::Approved => {
-                tracing::info!(approval = %approval.id, decided_by = approval.decided_by.as_deref().unwrap_or_default(), "charge tool: the charge was approved; charging");
+                tracing::info!(approval = %approval.id, decided_by = approval.decided_by.as_deref().unwrap_or_default(), "the charge or refund was approved; going on");
                 Ok(())
             }
             approval => {
                 tracing::info!(
                     status = approval.as_ref().map_or("none yet", |a| a.status.as_str()),
-                    "charge tool: the charge needs a person's approval; the loop stops here, nothing charged"
+                    "the charge or refund needs a person's approval; the loop stops here, nothing done"
                 );
                 Err(ToolFailure::Approval(approval.map(Box::new)))
             }
@@ -276,6 +288,9 @@ impl ToolBox {
         call: &ToolCall,
         content: String,
     ) -> Result<ToolOutput, FailureKind> {
+        if ctx.is_refund() && call.function.name == REFUND {
+            return self.replayed_refund(ctx, step, content).await;
+        }
         let charged: Option<String> = (call.function.name == CHARGE)
             .then(|| serde_json::from_str::<serde_json::Value>(&content).ok())
             .flatten()

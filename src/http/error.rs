@@ -48,6 +48,14 @@ pub enum Code {
     ApprovalDecided,
     /// The approval expired undecided.
     ApprovalExpired,
+    /// A refund of an order that has no receipt.
+    NotCharged,
+    /// A refund that would pass what the order was charged.
+    RefundExceedsCharge,
+    /// The model ended without refunding.
+    ModelDidNotRefund,
+    /// The payment provider refused the refund.
+    RefundRefused,
 }
 
 impl Code {
@@ -76,6 +84,10 @@ impl Code {
             Code::ApprovalDenied => "approval_denied",
             Code::ApprovalDecided => "approval_decided",
             Code::ApprovalExpired => "approval_expired",
+            Code::NotCharged => "not_charged",
+            Code::RefundExceedsCharge => "refund_exceeds_charge",
+            Code::ModelDidNotRefund => "model_did_not_refund",
+            Code::RefundRefused => "refund_refused",
         }
     }
 
@@ -92,6 +104,10 @@ impl Code {
                 | Code::BudgetExceeded
                 | Code::ApprovalDenied
                 | Code::ApprovalExpired
+                | Code::NotCharged
+                | Code::RefundExceedsCharge
+                | Code::ModelDidNotRefund
+                | Code::RefundRefused
         )
     }
 
@@ -117,6 +133,10 @@ impl Code {
             Code::Forbidden | Code::BudgetExceeded | Code::ApprovalDenied => StatusCode::FORBIDDEN,
             Code::ApprovalDecided => StatusCode::CONFLICT,
             Code::ApprovalExpired => StatusCode::GONE,
+            Code::NotCharged => StatusCode::NOT_FOUND,
+            Code::RefundExceedsCharge => StatusCode::CONFLICT,
+            Code::ModelDidNotRefund => StatusCode::BAD_GATEWAY,
+            Code::RefundRefused => StatusCode::PAYMENT_REQUIRED,
         }
     }
 
@@ -145,6 +165,10 @@ impl Code {
             Code::ApprovalDenied => "A person denied the approval",
             Code::ApprovalDecided => "The approval was already decided the other way",
             Code::ApprovalExpired => "The approval expired before anyone decided it",
+            Code::NotCharged => "The order has not been charged",
+            Code::RefundExceedsCharge => "The refund would pass what the order was charged",
+            Code::ModelDidNotRefund => "The model finished without refunding",
+            Code::RefundRefused => "The payment provider refused the refund",
         }
     }
 }
@@ -210,6 +234,10 @@ pub struct ProblemBody {
     #[serde(skip_serializing_if = "Option::is_none")]
     #[schema(example = "20.00")]
     pub budget_left: Option<String>,
+    /// For `refund_exceeds_charge`: what is left to refund of the order's charge.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    #[schema(example = "10.00")]
+    pub refund_left: Option<String>,
 }
 
 impl ProblemBody {
@@ -256,6 +284,7 @@ impl Problem {
                 decline_code: None,
                 payment_id: None,
                 budget_left: None,
+                refund_left: None,
             }),
             retry_after: None,
         }

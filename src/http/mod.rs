@@ -15,6 +15,8 @@ pub mod operations;
 pub mod rate_limit;
 pub mod receipts;
 pub mod recovery;
+pub mod refunds;
+mod resume;
 pub mod schema;
 pub mod serve;
 pub mod state;
@@ -177,6 +179,7 @@ fn api_parts(state: Option<&AppState>) -> (Router<AppState>, utoipa::openapi::Op
 /// The callers' routes besides POST /checkout: receipts, operations, approvals.
 fn read_and_decide() -> OpenApiRouter<AppState> {
     OpenApiRouter::new()
+        .routes(routes!(refunds::refund))
         .routes(routes!(receipts::get_receipt))
         .routes(routes!(operations::get))
         .routes(routes!(approvals::list))

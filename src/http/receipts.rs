@@ -80,7 +80,18 @@ pub async fn get_receipt(
     let readable = |r: &Receipt| r.caller == caller.name || caller.has(Scope::Read);
     match app.gateway().receipt(&order_id).await {
         Ok(Some(receipt)) if readable(&receipt) => {
-            axum::Json(ReceiptView::from(&receipt)).into_response()
+            let mut view = ReceiptView::from(&receipt);
+            let refunds = app.gateway().refunds();
+            let (state, made) = match (
+                refunds.refunded(&order_id).await,
+                refunds.of_order(&order_id).await,
+            ) {
+                (Ok(state), Ok(made)) => (state, made),
+                (Err(err), _) | (_, Err(err)) => return unavailable(err).into_response(),
+            };
+            view.refunded_amount = state.map(|s| s.refunded_decimal());
+            view.refunds = Some(made.iter().map(Into::into).collect());
+            axum::Json(view).into_response()
         }
         Ok(_) => Problem::new(
             Code::NotFound,
@@ -110,6 +121,14 @@ pub struct ReceiptView {
     #[serde(skip_serializing_if = "Option::is_none")]
     #[schema(example = "pi_3MtwBwLkdIwHu7ix28a3tqPa")]
     pub payment_id: Option<String>,
+    /// What is refunded of the charge (`POST /refunds`), `0.00` when nothing is; in a
+    /// checkout's answer, absent.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    #[schema(example = "20.00")]
+    pub refunded_amount: Option<String>,
+    /// The order's refunds, oldest first (`GET /receipts/{orderId}`).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub refunds: Option<Vec<crate::http::refunds::RefundView>>,
 }
 
 impl From<&Receipt> for ReceiptView {
@@ -123,6 +142,8 @@ impl From<&Receipt> for ReceiptView {
                 .created_at
                 .to_rfc3339_opts(chrono::SecondsFormat::Micros, true),
             payment_id: receipt.provider_payment_id.clone(),
+            refunded_amount: None,
+            refunds: None,
         }
     }
 }

@@ -9,8 +9,8 @@
 use std::time::Duration;
 
 use super::admission::Slot;
-use super::checkout::{self, rebuild};
 use super::idempotent;
+use super::resume::rebuild;
 use super::state::AppState;
 use crate::idempotency::Lapsed;
 use crate::payments::OperationKey;
@@ -125,7 +125,7 @@ async fn recover(app: &AppState, operation: Lapsed, slot: Slot) {
         let app = app.clone();
         async move {
             let _slot = slot;
-            checkout::run(&app, request, operation_key, &caller, fence).await
+            request.run(&app, operation_key, &caller, fence).await
         }
     };
     let answer = idempotent::resume(app, lease, work).await;

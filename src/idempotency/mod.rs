@@ -52,6 +52,28 @@ impl Fingerprint {
         Fingerprint { canonical, request }
     }
 
+    /// A refund request, as the client sent it (`amount`: `None` for "what is left", so
+    /// that a retry of it is the same request after the refund is made), with the refund
+    /// the handler authorized (`order`: its order and amount) kept for a resume.
+    pub fn of_refund(order: &Order, asked: Option<&str>, reason: Option<&str>) -> Fingerprint {
+        let amount = order.amount();
+        let mut request = serde_json::Map::new();
+        request.insert("kind".into(), "refund".into());
+        request.insert("orderId".into(), order.id().as_str().into());
+        request.insert("amount".into(), amount.decimal().into());
+        request.insert("currency".into(), amount.currency().code().into());
+        let mut canonical = format!(
+            "POST /refunds orderId={} amount={}",
+            order.id(),
+            asked.unwrap_or("rest")
+        );
+        if let Some(reason) = reason {
+            canonical.push_str(&format!(" reason={reason:?}"));
+            request.insert("reason".into(), reason.into());
+        }
+        Fingerprint { canonical, request }
+    }
+
     /// The same request with the customer's address: another address is another request.
     pub fn with_email(mut self, email: Option<&Recipient>) -> Fingerprint {
         if let Some(email) = email {

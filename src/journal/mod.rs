@@ -318,6 +318,15 @@ async fn insert<'r>(
     })
 }
 
+/// Inserts `rows` on `conn` (a transaction that commits them with an effect of its
+/// own: a refund); the rows whose lease is no longer theirs are not written.
+pub(crate) async fn insert_in(conn: Conn<'_>, rows: &[NewEntry]) -> Result<usize, StoreError> {
+    if rows.is_empty() {
+        return Ok(0);
+    }
+    Ok(insert(conn, rows.iter().map(|r| (None, r))).await?.len())
+}
+
 /// Inserts rows on SQLite (inside the caller's transaction, if it has one).
 pub(crate) async fn insert_sqlite(
     c: &mut sqlx::SqliteConnection,

@@ -10,6 +10,7 @@ use sha2::{Digest, Sha256};
 
 use super::address::Recipient;
 use crate::payments::Receipt;
+use crate::payments::store::Refund;
 
 /// The Message-ID of an operation's message of `kind`: derived from the operation key and
 /// its caller, so every delivery of it, by any instance, carries the same one and a
@@ -57,6 +58,39 @@ pub fn confirmation(
         .message_id(Some(message_id.to_owned()))
         // The receipt's time, not the clock's: a message rendered again is the same bytes.
         .date(SystemTime::from(receipt.created_at))
+        .header(ContentType::TEXT_PLAIN)
+        .body(text)?;
+    Ok(message.formatted())
+}
+
+/// The whole message confirming `refund` (headers and body).
+pub fn refund_confirmation(
+    sender: &Mailbox,
+    to: &Recipient,
+    message_id: &str,
+    refund: &Refund,
+) -> Result<Vec<u8>, lettre::error::Error> {
+    let amount = &refund.amount;
+    let text = format!(
+        "Your refund is made.\r\n\r\n\
+         Order:    {}\r\n\
+         Refunded: {} {}\r\n\
+         Refund:   {}\r\n\
+         Made:     {}\r\n\r\n\
+         Keep this message for your records. If this message reaches you twice, it is the \
+         same confirmation (the same Message-ID), not a second refund.\r\n",
+        refund.order_id,
+        amount.decimal(),
+        amount.currency().code(),
+        refund.id,
+        refund.created_at.format("%Y-%m-%d %H:%M:%S UTC"),
+    );
+    let message = Message::builder()
+        .from(sender.clone())
+        .to(Mailbox::new(None, to.address().clone()))
+        .subject(format!("Refund confirmed: order {}", refund.order_id))
+        .message_id(Some(message_id.to_owned()))
+        .date(SystemTime::from(refund.created_at))
         .header(ContentType::TEXT_PLAIN)
         .body(text)?;
     Ok(message.formatted())

@@ -26,9 +26,12 @@ pub use message::message_id;
 
 use crate::db::{Conn, Database, StoreError, on_conn};
 use crate::payments::Receipt;
+use crate::payments::store::Refund;
 
 /// The kind of the confirmation email's row.
 pub const CONFIRMATION: &str = "confirmation";
+/// The kind of a refund's confirmation email's row (a refund is its own operation).
+pub const REFUND_CONFIRMATION: &str = "refund_confirmation";
 
 /// Where an operation's message stands.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, ToSchema)]
@@ -99,12 +102,40 @@ impl Outbox {
     ) -> Result<Confirmation, QueueError> {
         let id = message_id(caller, operation_key, CONFIRMATION, &self.sender);
         let message = message::confirmation(&self.sender, to, &id, receipt)?;
+        self.queue(caller, operation_key, CONFIRMATION, &id, to, message)
+            .await
+    }
+
+    /// Writes the confirmation of `refund` to `to` for this operation, unless it has
+    /// one: either way, the operation's refund confirmation as it stands.
+    pub async fn queue_refund_confirmation(
+        &self,
+        caller: &str,
+        operation_key: &str,
+        to: &Recipient,
+        refund: &Refund,
+    ) -> Result<Confirmation, QueueError> {
+        let id = message_id(caller, operation_key, REFUND_CONFIRMATION, &self.sender);
+        let message = message::refund_confirmation(&self.sender, to, &id, refund)?;
+        self.queue(caller, operation_key, REFUND_CONFIRMATION, &id, to, message)
+            .await
+    }
+
+    async fn queue(
+        &self,
+        caller: &str,
+        operation_key: &str,
+        kind: &str,
+        id: &str,
+        to: &Recipient,
+        message: Vec<u8>,
+    ) -> Result<Confirmation, QueueError> {
         let mut conn = self.db.acquire().await?;
         let written = on_conn!(conn.conn(), c => sqlx::query(INSERT)
             .bind(caller)
             .bind(operation_key)
-            .bind(CONFIRMATION)
-            .bind(&id)
+            .bind(kind)
+            .bind(id)
             .bind(self.sender.email.to_string())
             .bind(to.as_str())
             .bind(&message)
@@ -112,13 +143,36 @@ impl Outbox {
             .await
             .map_err(StoreError::from)?
             .rows_affected());
-        let confirmation = read(conn.conn(), caller, operation_key, CONFIRMATION)
+        let confirmation = read(conn.conn(), caller, operation_key, kind)
             .await?
             .ok_or_else(|| StoreError::Corrupt("the outbox row vanished once written".into()))?;
         if written == 1 {
             self.wake.notify_one();
         }
         Ok(confirmation)
+    }
+
+    /// The address the order's checkout confirmed its payment to, if it named one: where
+    /// its refunds are confirmed when the refund request names none.
+    pub async fn address_of(&self, receipt: &Receipt) -> Result<Option<Recipient>, StoreError> {
+        let mut conn = self.db.acquire().await?;
+        let recipient: Option<String> = on_conn!(conn.conn(), c => sqlx::query_scalar(RECIPIENT)
+            .bind(&receipt.caller)
+            .bind(&receipt.operation_key)
+            .bind(CONFIRMATION)
+            .fetch_optional(c)
+            .await?);
+        Ok(recipient.and_then(|r| Recipient::parse(&r).ok()))
+    }
+
+    /// The operation's refund confirmation, if it has one.
+    pub async fn refund_confirmation(
+        &self,
+        caller: &str,
+        operation_key: &str,
+    ) -> Result<Option<Confirmation>, StoreError> {
+        let mut conn = self.db.acquire().await?;
+        read(conn.conn(), caller, operation_key, REFUND_CONFIRMATION).await
     }
 
     /// The operation's confirmation, if it has one.
@@ -246,6 +300,9 @@ const INSERT: &str = "\
     next_attempt_at, created_at) \
     SELECT $1, $2, $3, $4, $5, $6, $7, now_ms, now_ms FROM clock WHERE true \
     ON CONFLICT (scope, operation_key, kind) DO NOTHING";
+
+const RECIPIENT: &str = "\
+    SELECT recipient FROM outbox WHERE scope = $1 AND operation_key = $2 AND kind = $3";
 
 const READ: &str = "\
     SELECT status, message_id FROM outbox WHERE scope = $1 AND operation_key = $2 AND kind = $3";

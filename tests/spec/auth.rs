@@ -481,12 +481,13 @@ async fn security_of(s: &Service) -> Vec<serde_json::Value> {
 /// is required, and with `required` it always is. Each operation names the scope it needs:
 /// `approve` (or `checkout`, for its own) for the approvals, `approve` to decide one,
 /// `checkout` for POST /checkout; `checkout` (its own) or `read` for an operation and a
-/// receipt. In the document's order of paths.
+/// receipt; `refund` for POST /refunds. In the document's order of paths.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_document_declares_the_key_optional_only_while_open() {
     let checkout = serde_json::json!({ "api_key": ["checkout"] });
     let read = serde_json::json!({ "api_key": ["read"] });
     let approve = serde_json::json!({ "api_key": ["approve"] });
+    let refund = serde_json::json!({ "api_key": ["refund"] });
     let needs = [
         vec![&approve, &checkout],
         vec![&approve, &checkout],
@@ -495,6 +496,7 @@ async fn the_document_declares_the_key_optional_only_while_open() {
         vec![&checkout],
         vec![&checkout, &read],
         vec![&checkout, &read],
+        vec![&refund],
     ];
     let open = serde_json::json!({});
     let optional: Vec<serde_json::Value> = needs

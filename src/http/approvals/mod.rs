@@ -18,10 +18,11 @@ use uuid::Uuid;
 
 use super::answer::HttpAnswer;
 use super::auth::require;
-use super::checkout::{self, ApprovalView, denied_answer, expired_answer, rebuild, saved};
+use super::checkout::{self, ApprovalView, denied_answer, expired_answer, saved};
 use super::error::{Code, Problem};
 use super::extract::Params;
 use super::idempotent;
+use super::resume::rebuild;
 use super::state::AppState;
 use crate::approvals::{Approval, Decided, Status};
 use crate::caller::{Caller, Scope};
@@ -245,7 +246,7 @@ async fn finish(
                 let app = app.clone();
                 async move {
                     let _slot = slot;
-                    checkout::run(&app, request, operation_key, &owner, fence).await
+                    request.run(&app, operation_key, &owner, fence).await
                 }
             };
             return idempotent::resume(app, lease, work).await.into_response();

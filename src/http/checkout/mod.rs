@@ -16,7 +16,7 @@ use input::{order, recipient};
 pub use outcome::{CheckoutResponse, UsageView};
 use outcome::{failure, paid_anyway, success};
 pub use paused::{ApprovalView, PausedResponse};
-pub(crate) use paused::{denied_answer, expired_answer, saved};
+pub(crate) use paused::{denied_answer, expired_answer, pause, saved};
 
 use axum::extract::{Extension, State};
 use axum::response::{IntoResponse, Response};

@@ -16,6 +16,7 @@ use crate::http::receipts::ReceiptView;
 use crate::http::state::AppState;
 use crate::outbox::Confirmation;
 use crate::payments::ChargeError;
+use crate::payments::gateway::RefundError;
 use crate::payments::store::BudgetLeft;
 
 /// A confirmed checkout.
@@ -176,11 +177,19 @@ impl From<&FailureKind> for Code {
             }
             Some(ChargeError::Store(_)) | None => {}
         }
+        match kind.refund_error() {
+            Some(RefundError::Exceeds { .. }) => return Code::RefundExceedsCharge,
+            Some(RefundError::NotCharged(_)) => return Code::NotCharged,
+            Some(RefundError::Refused { .. }) => return Code::RefundRefused,
+            Some(RefundError::Provider(_)) => return Code::ProviderError,
+            Some(RefundError::Store(_)) | None => {}
+        }
         match kind {
             FailureKind::Timeout(_) => Code::DeadlineExceeded,
             FailureKind::Model(_) if kind.is_deadline() => Code::DeadlineExceeded,
             FailureKind::Model(_) | FailureKind::TooManyRounds(_) => Code::ModelError,
             FailureKind::ModelDidNotCharge => Code::ModelDidNotCharge,
+            FailureKind::ModelDidNotRefund => Code::ModelDidNotRefund,
             // The charge's refusals are above: what is left is the database.
             FailureKind::Tool(_) | FailureKind::Journal(JournalFailure::Store(_)) => {
                 Code::Unavailable

@@ -28,6 +28,9 @@ pub struct ApprovalView {
     #[schema(example = "USD")]
     pub currency: String,
     pub status: Status,
+    /// What waits: `charge` (POST /checkout) or `refund` (POST /refunds).
+    #[schema(example = "charge")]
+    pub kind: String,
     /// When it expires undecided (RFC 3339).
     pub expires_at: String,
     pub created_at: String,
@@ -56,6 +59,7 @@ impl From<&Approval> for ApprovalView {
             amount: a.amount.decimal(),
             currency: a.amount.currency().code().to_owned(),
             status: a.status,
+            kind: a.kind.clone(),
             expires_at: time(a.expires_at),
             created_at: time(a.created_at),
             operation_key: a.operation_key.clone(),
@@ -80,13 +84,24 @@ pub struct PausedResponse {
     pub message: String,
 }
 
+/// What the approval's operation does, done: `charged`, `refunded`.
+fn done(approval: &Approval) -> &'static str {
+    if approval.kind == "refund" {
+        "refunded"
+    } else {
+        "charged"
+    }
+}
+
 /// The 202 of a checkout waiting for `approval`.
 pub(crate) fn paused_answer(approval: &Approval) -> HttpAnswer {
     let message = format!(
-        "The charge of {} for order {} waits for a person's approval (approval {}); nothing is charged until it is approved, and nothing if it is denied or expires at {}.",
+        "The {} of {} for order {} waits for a person's approval (approval {}); nothing is {} until it is approved, and nothing if it is denied or expires at {}.",
+        approval.kind,
         approval.amount,
         approval.order_id,
         approval.id,
+        done(approval),
         approval
             .expires_at
             .to_rfc3339_opts(chrono::SecondsFormat::Secs, true)
@@ -114,8 +129,12 @@ pub(crate) fn denied_answer(approval: &Approval) -> HttpAnswer {
     Problem::new(
         Code::ApprovalDenied,
         format!(
-            "the charge of {} for order {} was denied by {by:?} (approval {}){reason}; nothing was charged",
-            approval.amount, approval.order_id, approval.id
+            "the {} of {} for order {} was denied by {by:?} (approval {}){reason}; nothing was {}",
+            approval.kind,
+            approval.amount,
+            approval.order_id,
+            approval.id,
+            done(approval)
         ),
     )
     .answer()
@@ -126,8 +145,12 @@ pub(crate) fn expired_answer(approval: &Approval) -> HttpAnswer {
     Problem::new(
         Code::ApprovalExpired,
         format!(
-            "nobody decided approval {} of the charge of {} for order {} before it expired; nothing was charged",
-            approval.id, approval.amount, approval.order_id
+            "nobody decided approval {} of the {} of {} for order {} before it expired; nothing was {}",
+            approval.id,
+            approval.kind,
+            approval.amount,
+            approval.order_id,
+            done(approval)
         ),
     )
     .answer()
@@ -144,7 +167,7 @@ pub(crate) fn saved(answer: &HttpAnswer) -> Saved {
 /// The loop stopped at the charge for an approval (`found`: the operation's, if it has
 /// one): records it and saves the 202 in one transaction, or answers the decision it
 /// found.
-pub(super) async fn pause(
+pub(crate) async fn pause(
     app: &AppState,
     ctx: &CheckoutContext,
     found: Option<Approval>,
@@ -171,7 +194,13 @@ pub(super) async fn pause(
     let keep = app.settings().idempotency.ttl;
     let paused = app
         .approvals()
-        .pause(&lease, ctx.order(), keep, |a| saved(&paused_answer(a)))
+        .pause(
+            &lease,
+            ctx.order(),
+            if ctx.is_refund() { "refund" } else { "charge" },
+            keep,
+            |a| saved(&paused_answer(a)),
+        )
         .await;
     match paused {
         Ok(Paused::Now(approval)) => {

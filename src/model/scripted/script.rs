@@ -34,14 +34,24 @@ fn asked(chat: &ChatRequest) -> Option<Asked> {
     })
 }
 
-/// The receipt of a charge tool result in the conversation, if there is one.
+/// The receipt of a charge (or refund) tool result in the conversation, if there is one.
 fn charged(chat: &ChatRequest) -> Option<serde_json::Value> {
     chat.messages.iter().find_map(|m| match m {
         Message::Tool { content, .. } => serde_json::from_str::<serde_json::Value>(content)
             .ok()
-            .filter(|v| v.get("status").and_then(|s| s.as_str()) == Some("charged")),
+            .filter(|v| {
+                matches!(
+                    v.get("status").and_then(|s| s.as_str()),
+                    Some("charged" | "refunded")
+                )
+            }),
         _ => None,
     })
+}
+
+/// Whether the conversation is a refund's: it offers `refund`, not `charge`.
+fn refunding(chat: &ChatRequest) -> bool {
+    chat.tools.iter().any(|tool| tool.function.name == "refund")
 }
 
 /// Whether a charge was refused for passing the caller's budget: charging again would
@@ -49,7 +59,7 @@ fn charged(chat: &ChatRequest) -> Option<serde_json::Value> {
 fn over_budget(chat: &ChatRequest) -> bool {
     chat.messages.iter().any(|m| match m {
         Message::Tool { content, .. } => serde_json::from_str::<serde_json::Value>(content)
-            .is_ok_and(|v| v.get("budgetLeft").is_some()),
+            .is_ok_and(|v| v.get("budgetLeft").is_some() || v.get("refundLeft").is_some()),
         _ => false,
     })
 }
@@ -77,7 +87,11 @@ fn confirmation_called(chat: &ChatRequest) -> bool {
         Message::Tool {
             tool_call_id,
             content,
-        } => calls.contains(&tool_call_id.as_str()) && !content.contains("not charged yet"),
+        } => {
+            calls.contains(&tool_call_id.as_str())
+                && !content.contains("not charged yet")
+                && !content.contains("not made yet")
+        }
         _ => false,
     })
 }
@@ -95,7 +109,9 @@ pub(super) fn assistant_answer(
         return completion(Some("I could not find an order to charge."), vec![]);
     };
     let done = charged(chat);
-    let call = |arguments: String| (String::from("charge"), arguments);
+    let refund = refunding(chat);
+    let tool = if refund { "refund" } else { "charge" };
+    let call = |arguments: String| (String::from(tool), arguments);
     let charge_args =
         |order: &str, amount: &str| json!({"orderId": order, "amount": amount}).to_string();
     let calls: Vec<(String, String)> = match fault {
@@ -116,7 +132,8 @@ pub(super) fn assistant_answer(
         }
         Some(Fault::Recharge) => vec![call(charge_args(&asked.order, &asked.amount))],
         Some(Fault::UnknownTool) => {
-            vec![("refund".into(), charge_args(&asked.order, &asked.amount))]
+            let other = if refund { "charge" } else { "refund" };
+            vec![(other.into(), charge_args(&asked.order, &asked.amount))]
         }
         Some(Fault::BadArguments) => {
             vec![call(format!(
@@ -140,6 +157,22 @@ pub(super) fn assistant_answer(
             Some(_) if confirmation_offered(chat) && !confirmation_called(chat) => {
                 vec![(CONFIRM.into(), "{}".into())]
             }
+            Some(refunded) if refund => {
+                let field = |name: &str| refunded.get(name).and_then(|v| v.as_str()).unwrap_or("?");
+                let text = format!(
+                    "Your refund of {} {} for order {} is made; your refund is {}.{}",
+                    field("amount"),
+                    field("currency"),
+                    field("orderId"),
+                    field("refundId"),
+                    if confirmation_called(chat) {
+                        " A confirmation email is on its way."
+                    } else {
+                        ""
+                    },
+                );
+                return completion(Some(&text), vec![]);
+            }
             Some(receipt) => {
                 let field = |name: &str| receipt.get(name).and_then(|v| v.as_str()).unwrap_or("?");
                 let text = format!(
@@ -155,6 +188,14 @@ pub(super) fn assistant_answer(
                     },
                 );
                 return completion(Some(&text), vec![]);
+            }
+            None if over_budget(chat) && refund => {
+                return completion(
+                    Some(
+                        "I could not make the refund: it would pass what the order was charged. Nothing was refunded.",
+                    ),
+                    vec![],
+                );
             }
             None if over_budget(chat) => {
                 return completion(

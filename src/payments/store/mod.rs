@@ -8,10 +8,12 @@
 pub mod budgets;
 pub mod intents;
 pub mod receipts;
+pub mod refunds;
 
 pub use budgets::BudgetLeft;
 pub use intents::{Intent, IntentStatus, Intents};
 pub use receipts::Receipt;
+pub use refunds::{NewRefund, Refund, RefundOutcome, RefundStatus, Refunded, Refunds};
 
 use chrono::{SubsecRound, Utc};
 use uuid::Uuid;
@@ -104,6 +106,11 @@ impl Receipts {
         } else {
             ChargeOutcome::AmountConflict(existing)
         })
+    }
+
+    /// The refunds of the same database.
+    pub fn refunds(&self) -> Refunds {
+        Refunds::new(&self.db)
     }
 
     pub async fn receipt(&self, order: &OrderId) -> Result<Option<Receipt>, StoreError> {

@@ -8,6 +8,7 @@
 //! form, so Stripe executes it once and answers every repeat with its saved result.
 
 mod observe;
+mod refunds;
 mod retry;
 mod transport;
 mod wire;
@@ -23,6 +24,7 @@ use super::store::Intent;
 use crate::metrics::Metrics;
 use crate::retry::jittered_backoff;
 use crate::secret::Secret;
+pub use refunds::{RefundAnswer, RefundCall};
 use retry::ProviderRetry;
 use transport::StripeApi;
 use wire::{Call, ProviderResponse, Request, created, describe, of_intent, status_error};
@@ -138,6 +140,7 @@ impl Stripe {
             http: reqwest::Client::builder().tcp_nodelay(true).build()?,
             create: reqwest::Url::parse(&format!("{base}/v1/payment_intents"))?,
             search: reqwest::Url::parse(&format!("{base}/v1/payment_intents/search"))?,
+            refunds: reqwest::Url::parse(&format!("{base}/v1/refunds"))?,
             api_key: settings.api_key.clone(),
         };
         let stack = ServiceBuilder::new()

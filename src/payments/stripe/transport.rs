@@ -15,6 +15,7 @@ pub(super) struct StripeApi {
     pub(super) http: reqwest::Client,
     pub(super) create: reqwest::Url,
     pub(super) search: reqwest::Url,
+    pub(super) refunds: reqwest::Url,
     pub(super) api_key: Secret,
 }
 
@@ -35,6 +36,19 @@ pub(super) fn transport(
                     .header("Idempotency-Key", key.as_ref())
                     .header(CONTENT_TYPE, "application/x-www-form-urlencoded")
                     .body(form),
+                Request::Refund { key, form } => api
+                    .http
+                    .post(api.refunds.clone())
+                    .header("Idempotency-Key", key.as_ref())
+                    .header(CONTENT_TYPE, "application/x-www-form-urlencoded")
+                    .body(form),
+                Request::ListRefunds { payment_intent } => {
+                    let mut url = api.refunds.clone();
+                    url.query_pairs_mut()
+                        .append_pair("payment_intent", &payment_intent)
+                        .append_pair("limit", "100");
+                    api.http.get(url)
+                }
                 Request::Search { query } => {
                     let mut url = api.search.clone();
                     url.query_pairs_mut().append_pair("query", &query);

@@ -126,8 +126,22 @@ pub(super) struct Call {
 
 #[derive(Clone)]
 pub(super) enum Request {
-    Create { key: Arc<str>, form: Bytes },
-    Search { query: Arc<str> },
+    Create {
+        key: Arc<str>,
+        form: Bytes,
+    },
+    Search {
+        query: Arc<str>,
+    },
+    /// `POST /v1/refunds` under the refund's key.
+    Refund {
+        key: Arc<str>,
+        form: Bytes,
+    },
+    /// `GET /v1/refunds?payment_intent=…`: the intent's refunds.
+    ListRefunds {
+        payment_intent: Arc<str>,
+    },
 }
 
 impl Call {
@@ -135,6 +149,8 @@ impl Call {
         match self.request {
             Request::Create { .. } => "create",
             Request::Search { .. } => "search",
+            Request::Refund { .. } => "refund",
+            Request::ListRefunds { .. } => "list_refunds",
         }
     }
 }

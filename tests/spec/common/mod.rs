@@ -3,6 +3,7 @@
 //! in-process on port 0 or as a real `checkout` process.
 
 pub mod hostile;
+pub mod localstripe;
 pub mod proxy;
 pub mod smtp;
 pub mod stripe;

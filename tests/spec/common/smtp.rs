@@ -9,7 +9,7 @@ use std::process::{Child, Command, Stdio};
 
 use serde_json::Value;
 
-fn tool(env: &str, default: &str) -> PathBuf {
+pub(crate) fn tool(env: &str, default: &str) -> PathBuf {
     let path = std::env::var_os(env)
         .map(PathBuf::from)
         .unwrap_or_else(|| PathBuf::from(env!("CARGO_MANIFEST_DIR")).join(default));
@@ -21,7 +21,7 @@ fn tool(env: &str, default: &str) -> PathBuf {
     path
 }
 
-fn free_port() -> u16 {
+pub(crate) fn free_port() -> u16 {
     std::net::TcpListener::bind("127.0.0.1:0")
         .and_then(|l| l.local_addr())
         .expect("a free port")

@@ -1,6 +1,8 @@
 //! A Stripe-compatible fake: the subset of the PaymentIntents API the service uses
 //! (`POST /v1/payment_intents` confirmed at once, `GET /v1/payment_intents/search` by
-//! metadata), honouring `Idempotency-Key` as Stripe documents it.
+//! metadata) and of the Refunds API (`POST /v1/refunds` of a payment intent, never past
+//! its amount; `GET /v1/refunds?payment_intent=…`), honouring `Idempotency-Key` as Stripe
+//! documents it, for refunds as for charges (one key space, as Stripe's per account).
 //!
 //! Why a fake: Stripe's test mode is a real server, but it is unreachable from here, and it
 //! cannot be made to fail on cue after executing a charge (drop the connection before
@@ -73,6 +75,10 @@ struct Inner {
     failing_searches: u64,
     authorizations: Vec<String>,
     forms: Vec<Vec<(String, String)>>,
+    /// Every Refund made, in order.
+    refunds: Vec<Value>,
+    /// Refund lists received.
+    refund_lists: u64,
 }
 
 enum KeyState {
@@ -94,6 +100,7 @@ impl StripeFake {
         let app = Router::new()
             .route("/v1/payment_intents", post(create))
             .route("/v1/payment_intents/search", get(search))
+            .route("/v1/refunds", post(refund).get(list_refunds))
             .with_state(state.clone());
         let listener = tokio::net::TcpListener::bind(addr).await.expect("bind");
         let addr = listener.local_addr().expect("an address");
@@ -168,6 +175,16 @@ impl StripeFake {
         self.state.lock().forms.clone()
     }
 
+    /// The Refunds made, in order.
+    pub fn refunds(&self) -> Vec<Value> {
+        self.state.lock().refunds.clone()
+    }
+
+    /// `GET /v1/refunds` requests received.
+    pub fn refund_lists(&self) -> u64 {
+        self.state.lock().refund_lists
+    }
+
     /// Makes a PaymentIntent as another client would, without a key: it is found by the
     /// search like any other.
     pub fn add_intent(&self, intent: Value) {
@@ -206,6 +223,24 @@ fn form(body: &[u8]) -> Vec<(String, String)> {
 }
 
 async fn create(State(fake): State<Arc<Fake>>, headers: HeaderMap, body: Bytes) -> Response {
+    idempotent(fake, headers, body, execute).await
+}
+
+async fn refund(State(fake): State<Arc<Fake>>, headers: HeaderMap, body: Bytes) -> Response {
+    idempotent(fake, headers, body, execute_refund).await
+}
+
+/// What a key's first request does: (status, body) from (key, form).
+type Execute = fn(&Fake, &str, &[(String, String)]) -> (u16, Value);
+
+/// A request under its Idempotency-Key, as Stripe takes one: `execute` runs on the key's
+/// first request only.
+async fn idempotent(
+    fake: Arc<Fake>,
+    headers: HeaderMap,
+    body: Bytes,
+    execute: Execute,
+) -> Response {
     let auth = headers
         .get("authorization")
         .and_then(|v| v.to_str().ok())
@@ -399,6 +434,90 @@ fn execute(fake: &Fake, key: &str, params: &[(String, String)]) -> (u16, Value) 
         return (402, json!({ "error": error }));
     }
     (200, intent)
+}
+
+/// Makes the Refund of a payment intent, never past what is left of its amount.
+fn execute_refund(fake: &Fake, key: &str, params: &[(String, String)]) -> (u16, Value) {
+    let get = |name: &str| {
+        params
+            .iter()
+            .find(|(n, _)| n == name)
+            .map(|(_, v)| v.clone())
+            .unwrap_or_default()
+    };
+    let mut inner = fake.lock();
+    let intent_id = get("payment_intent");
+    let Some(intent) = inner.intents.iter().find(|i| i["id"] == intent_id.as_str()) else {
+        return (
+            400,
+            json!({"error": {"type": "invalid_request_error", "code": "resource_missing", "message": format!("No such payment_intent: '{intent_id}'")}}),
+        );
+    };
+    let charged = intent["amount"].as_i64().unwrap_or(0);
+    let currency = intent["currency"].clone();
+    let refunded: i64 = inner
+        .refunds
+        .iter()
+        .filter(|r| r["payment_intent"] == intent_id.as_str())
+        .map(|r| r["amount"].as_i64().unwrap_or(0))
+        .sum();
+    let amount = match get("amount").parse::<i64>() {
+        Ok(amount) => amount,
+        Err(_) => charged - refunded,
+    };
+    if refunded >= charged {
+        return (
+            400,
+            json!({"error": {"type": "invalid_request_error", "code": "charge_already_refunded", "message": format!("Charge for payment intent {intent_id} has already been refunded.")}}),
+        );
+    }
+    if refunded + amount > charged {
+        return (
+            400,
+            json!({"error": {"type": "invalid_request_error", "code": "amount_too_large", "message": format!("Refund amount ({amount}) is greater than unrefunded amount on charge ({})", charged - refunded)}}),
+        );
+    }
+    *inner.executions.entry(key.to_owned()).or_default() += 1;
+    let mut metadata = serde_json::Map::new();
+    for (name, value) in params {
+        if let Some(field) = name
+            .strip_prefix("metadata[")
+            .and_then(|n| n.strip_suffix(']'))
+        {
+            metadata.insert(field.to_owned(), Value::from(value.clone()));
+        }
+    }
+    let refund = json!({
+        "id": format!("re_fake{:08}", inner.refunds.len() + 1),
+        "object": "refund",
+        "amount": amount,
+        "currency": currency,
+        "payment_intent": intent_id,
+        "status": "succeeded",
+        "metadata": metadata,
+    });
+    inner.refunds.push(refund.clone());
+    (200, refund)
+}
+
+async fn list_refunds(
+    State(fake): State<Arc<Fake>>,
+    Query(query): Query<HashMap<String, String>>,
+) -> Response {
+    let mut inner = fake.lock();
+    inner.refund_lists += 1;
+    let intent = query.get("payment_intent").cloned().unwrap_or_default();
+    let data: Vec<Value> = inner
+        .refunds
+        .iter()
+        .filter(|r| r["payment_intent"] == intent.as_str())
+        .rev()
+        .cloned()
+        .collect();
+    answer(
+        200,
+        &json!({"object": "list", "data": data, "has_more": false, "url": "/v1/refunds"}),
+    )
 }
 
 async fn search(
