@@ -1,10 +1,11 @@
 // Opens Swagger UI in headless Chromium, uses "Try it out" on POST /checkout with edited
-// query parameters, and prints the status and body the page shows. With CHECKOUT_API_KEY
+// query parameters, then on POST /refunds to refund part of the order it charged, and
+// prints the status and body the page shows each time. With CHECKOUT_API_KEY
 // set (a service that needs keys), it first executes without a key and expects the 401,
 // then enters the key with the Authorize button and executes again.
 //   apt-get install chromium && npm install --prefix /tmp/pw playwright-core@1
 //   cargo run &   NODE_PATH=/tmp/pw/node_modules node scripts/swagger-ui-check.js
-//   key=$(cargo run -q -- api-keys create swagger); cargo run &
+//   key=$(cargo run -q -- api-keys create swagger --scope checkout,refund); cargo run &
 //   CHECKOUT_API_KEY=$key NODE_PATH=/tmp/pw/node_modules node scripts/swagger-ui-check.js
 const { chromium } = require('playwright-core');
 const base = process.env.CHECKOUT_URL || 'http://127.0.0.1:8080';
@@ -52,9 +53,28 @@ const apiKey = process.env.CHECKOUT_API_KEY;
   const answer = await execute();
   console.log(`status ${answer.status}`);
   console.log(answer.body);
-  await page.screenshot({ path: process.env.SCREENSHOT || '/tmp/swagger-ui.png' });
-  await browser.close();
   if (!answer.status.startsWith('200') || !answer.body.includes(`"orderId": "${orderId}"`)
     || !answer.body.includes('"charged": true')) failed = true;
+  // Money back: POST /refunds of 5.00 of the order just charged (the key, if any, is
+  // authorized already; it needs the scope refund).
+  const refundOp = '#operations-checkout-refund';
+  await page.click(`${refundOp} .opblock-summary`);
+  await page.click(`${refundOp} .try-out__btn`);
+  const refundParam = (name) => page.locator(`${refundOp} tr[data-param-name="${name}"] input`);
+  await refundParam('orderId').fill(orderId);
+  await refundParam('amount').fill('5.00');
+  await refundParam('reason').fill('');
+  await refundParam('email').fill('');
+  await page.click(`${refundOp} .execute`);
+  const refundBody = page.locator(`${refundOp} .live-responses-table .response-col_description pre`).first();
+  await refundBody.waitFor();
+  const refundStatus = (await page.locator(`${refundOp} .live-responses-table .response .response-col_status`).first().innerText()).trim();
+  const refunded = await refundBody.innerText();
+  console.log(`refund: status ${refundStatus}`);
+  console.log(refunded);
+  await page.screenshot({ path: process.env.SCREENSHOT || '/tmp/swagger-ui.png' });
+  await browser.close();
+  if (!refundStatus.startsWith('200') || !refunded.includes('"refunded": true')
+    || !refunded.includes('"refundedAmount": "5.00"')) failed = true;
   if (failed) process.exit(1);
 })().catch((e) => { console.error(e); process.exit(1); });

@@ -324,3 +324,31 @@ async fn killed_after_the_refund_before_the_answer_the_retry_to_another_instance
     assert_eq!(model.requests(), 4 + 1, "only round 2 asked again");
     assert_eq!(body["usage"]["replayedSteps"], 2, "{body}");
 }
+
+// The article's incident, for a refund: the journal off (`CHECKOUT_JOURNAL=false`), the
+// loop retry restarts the conversation after the refund, the model asks for the refund
+// again, and the refund key (the operation's, made by the handler) finds the first one.
+// Seen failing: with the refund key minted per call in `CheckoutContext::refund`, the
+// restart refunded a second time (2 refunds rows where 1).
+both_backends!(
+    with_the_journal_off_a_restarted_loop_asks_for_the_refund_again_and_refunds_once,
+    |backend| async move {
+        let (h, before) = charged_then(backend, "RJ-1", "timeout@2x3", |s| {
+            s.assistant.journal = false;
+            s.model_request.timeout = Duration::from_millis(300);
+        })
+        .await;
+        let reply = refund(&h, "RJ-1", Some("rj-1")).await;
+        assert_eq!(reply.status, 200, "{}", reply.text());
+        assert_eq!(refunds(&h.db).await, 1);
+        let body = reply.json();
+        assert_eq!(body["attempts"], 2);
+        assert_eq!(
+            body["refunded"], true,
+            "this run made it, in its first attempt"
+        );
+        assert_eq!(body["receipt"]["refundedAmount"], "20.00");
+        // Attempt 1: round 1, round 2's three timeouts; attempt 2: both rounds again.
+        assert_eq!(h.model.requests() - before, 1 + 3 + 2);
+    }
+);

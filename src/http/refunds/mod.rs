@@ -34,9 +34,8 @@ use crate::payments::{Money, OperationKey, Order, Receipt};
     path = "/refunds",
     tag = "checkout",
     summary = "Refund an order through the checkout assistant",
-    description = "Runs the assistant loop with a `refund` tool instead of `charge`: the handler authorizes the order and the amount (default: what is left of its charge), the gateway refunds once per operation (keyed by the Idempotency-Key, or a key minted here), the model confirms. The refund is given as query parameters or as a JSON body with the same names, once. The sum of an order's refunds never passes its charge, whatever runs at once. Needs the API key scope `refund`.",
+    description = "Runs the assistant loop with a `refund` tool instead of `charge`: the handler authorizes the order and the amount (default: what is left of its charge), the gateway refunds once per operation (keyed by the Idempotency-Key, or a key minted here), the model confirms. The refund is given as query parameters (a JSON body with the same names is taken too, instead of them, never beside them). The sum of an order's refunds never passes its charge, whatever runs at once. Needs the API key scope `refund`.",
     params(RefundQuery, IdempotencyKey),
-    request_body(content = Option<RefundQuery>, content_type = "application/json", description = "The refund, when not given as query parameters"),
     security(("api_key" = ["refund"])),
     responses(
         (status = 200, description = "The refund is made (now, or by an earlier run of this operation)", content(
