@@ -33,7 +33,7 @@ pub struct RefundQuery {
     pub order_id: Option<String>,
     /// The amount to give back, a decimal > 0 in the charge's currency; when not given,
     /// what is left of the charge.
-    #[param(example = "20.00", pattern = "^[0-9]+(\\.[0-9]{1,3})?$")]
+    #[param(schema_with = crate::http::schema::amount)]
     #[schema(example = "20.00")]
     pub amount: Option<String>,
     /// Why, for the records (at most 500 characters); the model never sees it.
@@ -42,7 +42,9 @@ pub struct RefundQuery {
     pub reason: Option<String>,
     /// Where to confirm the refund; when not given, the address the order's checkout
     /// confirmed its payment to, if it had one.
-    #[param(example = "ann@example.com", max_length = 254)]
+    // The address's schema, both its patterns (the 64 characters before the `@` too), as
+    // POST /checkout's: from the parser's constants.
+    #[param(schema_with = crate::http::schema::email)]
     #[schema(example = "ann@example.com")]
     pub email: Option<String>,
 }
