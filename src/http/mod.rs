@@ -18,6 +18,7 @@ pub mod recovery;
 pub mod schema;
 pub mod serve;
 pub mod state;
+pub mod stream;
 
 use std::time::Duration;
 
@@ -179,6 +180,7 @@ fn read_and_decide() -> OpenApiRouter<AppState> {
     OpenApiRouter::new()
         .routes(routes!(receipts::get_receipt))
         .routes(routes!(operations::get))
+        .routes(routes!(stream::operation_events))
         .routes(routes!(approvals::list))
         .routes(routes!(approvals::get))
         .routes(routes!(approvals::approve))

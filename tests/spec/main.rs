@@ -25,5 +25,6 @@ mod provider;
 mod real_server_answers;
 mod scopes;
 mod store_contract;
+mod streaming;
 mod traces;
 mod workers;

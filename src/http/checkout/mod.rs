@@ -9,13 +9,14 @@ mod outcome;
 
 pub use examples::CheckoutErrors;
 pub use input::CheckoutQuery;
-pub(crate) use input::rebuild;
 pub use input::CheckoutRequest;
+pub(crate) use input::rebuild;
 use input::{order, recipient};
 pub use outcome::{CheckoutResponse, UsageView};
 use outcome::{failure, paid_anyway, success};
 
 use axum::extract::{Extension, State};
+use axum::http::HeaderMap;
 use axum::response::{IntoResponse, Response};
 
 use crate::assistant::CheckoutContext;
@@ -28,6 +29,7 @@ use crate::http::error::Code;
 use crate::http::extract::{Format, IdempotencyKey, NoBody, Params};
 use crate::http::idempotent;
 use crate::http::state::AppState;
+use crate::http::stream;
 use crate::idempotency::Lease;
 use crate::outbox::Confirmation;
 use crate::payments::OperationKey;
@@ -37,13 +39,14 @@ use crate::payments::OperationKey;
     path = "/checkout",
     tag = "checkout",
     summary = "Charge an order through the checkout assistant",
-    description = "Runs the assistant loop: the model calls the `charge` tool, the gateway charges the order once (keyed by the order id), the model confirms. The order is given once, as query parameters; the operation reads no body (a body is refused with 400, or 413 over the body limit). Send `Accept: text/plain` for the confirmation sentence alone. Needs the API key scope `checkout`.",
+    description = "Runs the assistant loop: the model calls the `charge` tool, the gateway charges the order once (keyed by the order id), the model confirms. The order is given once, as query parameters; the operation reads no body (a body is refused with 400, or 413 over the body limit). Send `Accept: text/plain` for the confirmation sentence alone, or `Accept: text/event-stream` for the operation's steps as AG-UI events as they happen (docs/streaming.md; keyed by a minted key without an Idempotency-Key, resumable at `GET /operations/{operationKey}/events`). Needs the API key scope `checkout`.",
     params(CheckoutQuery, IdempotencyKey),
     security(("api_key" = ["checkout"])),
     responses(
         (status = 200, description = "The order is charged (now, or by an earlier operation)", content(
             (CheckoutResponse = "application/json"),
-            (String = "text/plain", example = "Your payment of 42.50 USD for order A-100 went through; your receipt is 0193a8f0-5f2c-7cc1-9d7e-3c1a2b4d5e6f.")
+            (String = "text/plain", example = "Your payment of 42.50 USD for order A-100 went through; your receipt is 0193a8f0-5f2c-7cc1-9d7e-3c1a2b4d5e6f."),
+            (String = "text/event-stream", example = "id: 0\ndata: {\"type\":\"RUN_STARTED\",\"threadId\":\"order-A-100\",\"runId\":\"order-A-100\"}\n\n")
         )),
         CheckoutErrors,
     )
@@ -54,6 +57,7 @@ pub async fn checkout(
     format: Format,
     IdempotencyKey(client_key): IdempotencyKey,
     Params(mut query): Params<CheckoutQuery>,
+    headers: HeaderMap,
     _: NoBody,
 ) -> Response {
     if let Some(refusal) = require(&caller, Scope::Checkout) {
@@ -76,15 +80,18 @@ pub async fn checkout(
     let needs_approval = caller
         .approval_above(&app.settings().payments, amount.currency())
         .is_some_and(|above| amount.minor() > above.minor());
+    // A stream's last event carries the JSON form's answer.
+    let streamed = stream::wanted(&headers);
     let request = CheckoutRequest {
         order,
         email,
-        format,
+        format: if streamed { Format::Json } else { format },
         needs_approval,
     };
     // A checkout that may pause is keyed, by the client or by a key minted here: its
     // pause is rows (its record and journal), which a decision on any instance resumes.
-    let key = client_key.or_else(|| needs_approval.then(OperationKey::mint));
+    // So is a streamed one: its events are read from its journal (docs/streaming.md).
+    let key = client_key.or_else(|| (needs_approval || streamed).then(OperationKey::mint));
     match key {
         Some(key) => {
             let fingerprint = request.fingerprint();
@@ -98,6 +105,11 @@ pub async fn checkout(
                     }
                 }
             };
+            if streamed {
+                let run_id = key.as_str().to_owned();
+                return stream::once(app, caller.name.clone(), key, fingerprint, run_id, work)
+                    .await;
+            }
             // Boxed, like the failure path: a handler future is as large as its largest
             // branch, and thousands of checkouts wait at once.
             Box::pin(idempotent::once(
