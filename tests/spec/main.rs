@@ -5,6 +5,7 @@
 #[macro_use]
 mod common;
 
+mod agui;
 mod approvals;
 mod auth;
 mod budgets;

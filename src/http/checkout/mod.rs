@@ -56,13 +56,28 @@ pub async fn checkout(
     Extension(caller): Extension<Caller>,
     format: Format,
     IdempotencyKey(client_key): IdempotencyKey,
-    Params(mut query): Params<CheckoutQuery>,
+    Params(query): Params<CheckoutQuery>,
     headers: HeaderMap,
     _: NoBody,
 ) -> Response {
     if let Some(refusal) = require(&caller, Scope::Checkout) {
         return refusal;
     }
+    // A stream's run is its operation key.
+    let run_id = stream::wanted(&headers).then(String::new);
+    start(app, caller, format, client_key, query, run_id).await
+}
+
+/// A checkout the caller may make: validated, keyed and run, answered as JSON or text,
+/// or (`run_id` given; empty: the operation key) as the run `run_id` of AG-UI events.
+pub(crate) async fn start(
+    app: AppState,
+    caller: Caller,
+    format: Format,
+    client_key: Option<OperationKey>,
+    mut query: CheckoutQuery,
+    run_id: Option<String>,
+) -> Response {
     let needs_method = app.gateway().needs_payment_method();
     let email = recipient(query.email.take());
     let checked = order(query, app.settings().payments.max_amount, needs_method)
@@ -81,7 +96,7 @@ pub async fn checkout(
         .approval_above(&app.settings().payments, amount.currency())
         .is_some_and(|above| amount.minor() > above.minor());
     // A stream's last event carries the JSON form's answer.
-    let streamed = stream::wanted(&headers);
+    let streamed = run_id.is_some();
     let request = CheckoutRequest {
         order,
         email,
@@ -105,8 +120,11 @@ pub async fn checkout(
                     }
                 }
             };
-            if streamed {
-                let run_id = key.as_str().to_owned();
+            if let Some(run_id) = run_id {
+                let run_id = match run_id.is_empty() {
+                    true => key.as_str().to_owned(),
+                    false => run_id,
+                };
                 return stream::once(app, caller.name.clone(), key, fingerprint, run_id, work)
                     .await;
             }

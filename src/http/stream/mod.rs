@@ -70,6 +70,9 @@ pub struct Tail {
     pub run_id: String,
     /// The last place the client has (`Last-Event-ID`); `None`: from `RUN_STARTED` on.
     pub after: Option<Position>,
+    /// A new run that goes on from `after` (an interrupt's resume): it starts with its
+    /// own `RUN_STARTED`, which has no place in the journal.
+    pub announce: bool,
 }
 
 /// The stream as an SSE response: its events come from a task that reads the journal,
@@ -98,7 +101,16 @@ fn sse(event: &AgUiEvent) -> Event {
 /// Sends the operation's events after `tail.after` as its journal grows, then its last.
 async fn follow(tail: Tail, mut finish: Finish, tx: mpsc::Sender<Event>) {
     let mut at = match tail.after {
-        Some(after) => after,
+        Some(after) => {
+            if tail.announce {
+                let mut started = events::run_started(&tail.thread_id, &tail.run_id);
+                started.id = None;
+                if tx.send(sse(&started)).await.is_err() {
+                    return;
+                }
+            }
+            after
+        }
         None => {
             let started = events::run_started(&tail.thread_id, &tail.run_id);
             if tx.send(sse(&started)).await.is_err() {
@@ -268,6 +280,7 @@ pub async fn operation_events(
         run_id: key.clone(),
         key,
         after,
+        announce: false,
     };
     respond(tail, Finish::Record)
 }
@@ -309,6 +322,7 @@ where
         run_id,
         key: key.as_str().to_owned(),
         after: None,
+        announce: false,
     };
     if begun.await.is_ok() {
         return respond(tail, Finish::Task(run));

@@ -1,0 +1,208 @@
+//! `POST /agui`: a checkout for AG-UI clients (`@ag-ui/client`'s `HttpAgent`). The run
+//! input's `threadId` is the operation (its Idempotency-Key), the order is its `state`
+//! (`orderId`, `amount`, `currency`), never the conversation's text; a run whose
+//! `resume` answers the approval's interrupt is that decision (docs/streaming.md).
+
+use axum::body::Bytes;
+use axum::extract::{Extension, Path, State};
+use axum::response::{IntoResponse, Response};
+use serde::Deserialize;
+use serde_json::Value;
+use utoipa::ToSchema;
+use uuid::Uuid;
+
+use super::approvals;
+use super::auth::require;
+use super::checkout::{self, CheckoutErrors, CheckoutQuery};
+use super::error::{Code, Problem};
+use super::extract::Format;
+use super::state::AppState;
+use super::stream::{self, Finish, Position, Tail};
+use crate::caller::{Caller, Scope};
+use crate::payments::OperationKey;
+
+/// The fields of AG-UI's `RunAgentInput` the service reads; the others (`messages`,
+/// `tools`, `context`, `forwardedProps`) are accepted and not read.
+#[derive(Deserialize, ToSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct RunAgentInput {
+    /// The operation: its Idempotency-Key.
+    #[schema(example = "order-A-100")]
+    pub thread_id: String,
+    #[schema(example = "run-1")]
+    pub run_id: String,
+    /// The order: `{"orderId": "A-100", "amount": "42.50", "currency": "USD"}` (strings,
+    /// as the query parameters of `POST /checkout`).
+    #[serde(default)]
+    #[schema(value_type = Object)]
+    pub state: Value,
+    /// Answers to the interrupt that ended the thread's last run: one, the approval's.
+    #[serde(default)]
+    pub resume: Option<Vec<ResumeEntry>>,
+}
+
+/// AG-UI's `ResumeEntry`.
+#[derive(Deserialize, ToSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct ResumeEntry {
+    /// The interrupt answered: the approval's id.
+    pub interrupt_id: String,
+    /// `resolved` or `cancelled` (a denial).
+    #[schema(example = "resolved")]
+    pub status: String,
+    /// `{"approve": true}`, or `{"approve": false, "reason": "…"}`.
+    #[serde(default)]
+    #[schema(value_type = Object)]
+    pub payload: Value,
+}
+
+#[utoipa::path(
+    post,
+    path = "/agui",
+    operation_id = "runAgent",
+    tag = "checkout",
+    summary = "Run a checkout as an AG-UI agent",
+    description = "AG-UI's `RunAgentInput` (docs/streaming.md): `threadId` is the operation's Idempotency-Key, `state` the order (`orderId`, `amount`, `currency`; the conversation's text is never read for it). Answers the operation's steps as AG-UI events (`text/event-stream`), as `POST /checkout` with `Accept: text/event-stream` does (scope `checkout`). A run whose `resume` answers the approval's interrupt (`resolved` with `{\"approve\": true}` or `{\"approve\": false, \"reason\"}`; `cancelled` denies) is that decision (scope `approve`), and streams the rest of the operation.",
+    request_body(content = RunAgentInput, content_type = "application/json"),
+    security(("api_key" = ["checkout"]), ("api_key" = ["approve"])),
+    responses(
+        (status = 200, description = "The run's events", content_type = "text/event-stream", body = String),
+        CheckoutErrors,
+    )
+)]
+pub async fn run(
+    State(app): State<AppState>,
+    Extension(caller): Extension<Caller>,
+    body: Bytes,
+) -> Response {
+    let input: RunAgentInput = match serde_json::from_slice(&body) {
+        Ok(input) => input,
+        Err(err) => {
+            return Problem::invalid("body", format!("the body is not a RunAgentInput: {err}"))
+                .into_response();
+        }
+    };
+    let key = match OperationKey::from_client(&input.thread_id) {
+        Ok(key) => key,
+        Err(err) => return Problem::invalid("threadId", err.to_string()).into_response(),
+    };
+    match input.resume {
+        Some(entries) if !entries.is_empty() => {
+            Box::pin(decide(app, caller, key, input.run_id, entries)).await
+        }
+        _ => {
+            if let Some(refusal) = require(&caller, Scope::Checkout) {
+                return refusal;
+            }
+            let field = |name: &str| {
+                input
+                    .state
+                    .get(name)
+                    .and_then(Value::as_str)
+                    .map(str::to_owned)
+            };
+            let query =
+                CheckoutQuery::of_order(field("orderId"), field("amount"), field("currency"));
+            checkout::start(
+                app,
+                caller,
+                Format::Json,
+                Some(key),
+                query,
+                Some(input.run_id),
+            )
+            .await
+        }
+    }
+}
+
+/// The decision a resume entry is, and the rest of the operation as a new run.
+async fn decide(
+    app: AppState,
+    caller: Caller,
+    key: OperationKey,
+    run_id: String,
+    entries: Vec<ResumeEntry>,
+) -> Response {
+    if let Some(refusal) = require(&caller, Scope::Approve) {
+        return refusal;
+    }
+    let Ok([entry]) = <[ResumeEntry; 1]>::try_from(entries) else {
+        return Problem::invalid("resume", "one resume entry: the approval's interrupt")
+            .into_response();
+    };
+    let approve = match (
+        entry.status.as_str(),
+        entry.payload.get("approve").and_then(Value::as_bool),
+    ) {
+        ("resolved", Some(approve)) => approve,
+        ("cancelled", _) => false,
+        _ => {
+            return Problem::invalid(
+                "resume",
+                "a resume entry is resolved with {\"approve\": true|false} or cancelled",
+            )
+            .into_response();
+        }
+    };
+    let Ok(id) = Uuid::parse_str(&entry.interrupt_id) else {
+        return Problem::invalid("resume", "the interrupt's id is the approval's id (a UUID)")
+            .into_response();
+    };
+    let approval = match app.approvals().get(id).await {
+        Ok(Some(approval)) if approval.operation_key == key.as_str() => approval,
+        Ok(_) => {
+            return Problem::new(
+                Code::NotFound,
+                format!("thread {:?} has no interrupt {id}", key.as_str()),
+            )
+            .into_response();
+        }
+        Err(err) => {
+            return Problem::new(
+                Code::Unavailable,
+                format!("cannot read the approval: {err}"),
+            )
+            .retry_after(1)
+            .into_response();
+        }
+    };
+    // The new run goes on from what the interrupted one showed: the journal as it is now.
+    let last = match crate::journal::read(app.db(), &approval.caller, key.as_str()).await {
+        Ok(entries) => entries.last().map_or(0, |e| e.step),
+        Err(err) => {
+            return Problem::new(
+                Code::Unavailable,
+                format!("cannot read the operation: {err}"),
+            )
+            .retry_after(1)
+            .into_response();
+        }
+    };
+    let tail = Tail {
+        app: app.clone(),
+        owner: approval.caller.clone(),
+        key: key.as_str().to_owned(),
+        thread_id: key.as_str().to_owned(),
+        run_id,
+        after: Some(Position {
+            step: last,
+            sub: i64::MAX,
+        }),
+        announce: true,
+    };
+    let id = id.to_string();
+    if approve {
+        let run = tokio::spawn(approvals::approve(State(app), Extension(caller), Path(id)));
+        return stream::respond(tail, Finish::Task(run));
+    }
+    let reason = entry.payload.get("reason").and_then(Value::as_str);
+    let body = reason.map_or_else(String::new, |r| {
+        serde_json::json!({ "reason": r }).to_string()
+    });
+    let denied = approvals::deny(State(app), Extension(caller), Path(id), Bytes::from(body)).await;
+    if !denied.status().is_success() {
+        return denied;
+    }
+    stream::respond(tail, Finish::Record)
+}
