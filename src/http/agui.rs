@@ -167,9 +167,21 @@ async fn decide(
             .into_response();
         }
     };
-    // The new run goes on from what the interrupted one showed: the journal as it is now.
-    let last = match crate::journal::read(app.db(), &approval.caller, key.as_str()).await {
-        Ok(entries) => entries.last().map_or(0, |e| e.step),
+    // The new run goes on from the interrupt: it restates the answer that asked for the
+    // waiting call (its TOOL_CALL_START, ARGS and END, the same toolCallId), so that the
+    // run is whole on its own, then what comes after.
+    let after = match crate::journal::read(app.db(), &approval.caller, key.as_str()).await {
+        Ok(entries) => match entries.last() {
+            Some(entry) if entry.kind == "answer" => Position {
+                step: entry.step,
+                sub: 0,
+            },
+            Some(entry) => Position {
+                step: entry.step,
+                sub: i64::MAX,
+            },
+            None => Position::default(),
+        },
         Err(err) => {
             return Problem::new(
                 Code::Unavailable,
@@ -185,10 +197,7 @@ async fn decide(
         key: key.as_str().to_owned(),
         thread_id: key.as_str().to_owned(),
         run_id,
-        after: Some(Position {
-            step: last,
-            sub: i64::MAX,
-        }),
+        after: Some(after),
         announce: true,
     };
     let id = id.to_string();

@@ -135,16 +135,21 @@ both_backends!(
             kinds(&runs[1]),
             vec![
                 "RUN_STARTED",
+                "TOOL_CALL_START",
+                "TOOL_CALL_ARGS",
+                "TOOL_CALL_END",
                 "TOOL_CALL_RESULT",
                 "TEXT_MESSAGE_START",
                 "TEXT_MESSAGE_CONTENT",
                 "TEXT_MESSAGE_END",
                 "RUN_FINISHED",
-            ]
+            ],
+            "the resumed run restates the call it was interrupted on, then runs it"
         );
         assert_eq!(runs[1]["outcome"], "success");
         assert_eq!(runs[1]["events"][1]["toolCallId"], interrupt["toolCallId"]);
-        assert_eq!(runs[1]["events"][5]["result"]["charged"], true);
+        assert_eq!(runs[1]["events"][4]["toolCallId"], interrupt["toolCallId"]);
+        assert_eq!(runs[1]["events"][8]["result"]["charged"], true);
         assert_eq!(parsed["pendingInterrupts"].as_array().unwrap().len(), 0);
         let approval = h
             .get(&format!("/approvals/{}", interrupt["id"].as_str().unwrap()))
@@ -168,10 +173,20 @@ both_backends!(
         let parsed = http_agent(&h, "thread-ag-3", "AG-3", "500.00", Some("deny")).await;
         let runs = parsed["runs"].as_array().unwrap();
         assert_eq!(runs.len(), 2);
-        assert_eq!(kinds(&runs[1]), vec!["RUN_STARTED", "RUN_ERROR"]);
-        assert_eq!(runs[1]["events"][1]["code"], "approval_denied");
+        assert_eq!(
+            kinds(&runs[1]),
+            vec![
+                "RUN_STARTED",
+                "TOOL_CALL_START",
+                "TOOL_CALL_ARGS",
+                "TOOL_CALL_END",
+                "RUN_ERROR"
+            ],
+            "the call restated, never run"
+        );
+        assert_eq!(runs[1]["events"][4]["code"], "approval_denied");
         assert!(
-            runs[1]["events"][1]["message"]
+            runs[1]["events"][4]["message"]
                 .as_str()
                 .unwrap()
                 .contains("not today")

@@ -90,18 +90,23 @@ pub fn of_step(thread: &str, entry: &Entry) -> Vec<AgUiEvent> {
         return events;
     };
     let message_id = format!("{thread}-{step}");
-    if let Some(text) = answer.content.as_deref().filter(|t| !t.trim().is_empty()) {
+    let text = answer.content.as_deref().filter(|t| !t.trim().is_empty());
+    if let Some(text) = text {
         push(json!({"type": "TEXT_MESSAGE_START", "messageId": message_id, "role": "assistant"}));
         push(json!({"type": "TEXT_MESSAGE_CONTENT", "messageId": message_id, "delta": text}));
         push(json!({"type": "TEXT_MESSAGE_END", "messageId": message_id}));
     }
     for call in answer.tool_calls.unwrap_or_default() {
-        push(json!({
+        // The answer's message is named only when it was sent (it has text).
+        let mut start = json!({
             "type": "TOOL_CALL_START",
             "toolCallId": call.id,
             "toolCallName": call.function.name,
-            "parentMessageId": message_id,
-        }));
+        });
+        if text.is_some() {
+            start["parentMessageId"] = Value::String(message_id.clone());
+        }
+        push(start);
         if !call.function.arguments.is_empty() {
             push(
                 json!({"type": "TOOL_CALL_ARGS", "toolCallId": call.id, "delta": call.function.arguments}),
