@@ -9,6 +9,9 @@ use axum::response::{IntoResponse, Response};
 use serde::Deserialize;
 use serde_json::Value;
 use utoipa::ToSchema;
+use utoipa::openapi::schema::{
+    ArrayBuilder, KnownFormat, ObjectBuilder, OneOfBuilder, Schema, SchemaFormat, Type,
+};
 use uuid::Uuid;
 
 use super::approvals;
@@ -16,6 +19,7 @@ use super::auth::require;
 use super::checkout::{self, CheckoutErrors, CheckoutQuery};
 use super::error::{Code, Problem};
 use super::extract::Format;
+use super::schema;
 use super::state::AppState;
 use super::stream::{self, Finish, Position, Tail};
 use crate::caller::{Caller, Scope};
@@ -27,33 +31,139 @@ use crate::payments::OperationKey;
 #[serde(rename_all = "camelCase")]
 pub struct RunAgentInput {
     /// The operation: its Idempotency-Key.
-    #[schema(example = "order-A-100")]
+    #[schema(schema_with = thread_id)]
     pub thread_id: String,
     #[schema(example = "run-1")]
     pub run_id: String,
     /// The order: `{"orderId": "A-100", "amount": "42.50", "currency": "USD"}` (strings,
     /// as the query parameters of `POST /checkout`).
-    #[serde(default)]
-    #[schema(value_type = Object)]
-    pub state: Value,
+    #[schema(schema_with = order_state)]
+    pub state: OrderState,
     /// Answers to the interrupt that ended the thread's last run: one, the approval's.
     #[serde(default)]
+    #[schema(schema_with = resume_entries)]
     pub resume: Option<Vec<ResumeEntry>>,
 }
 
-/// AG-UI's `ResumeEntry`.
-#[derive(Deserialize, ToSchema)]
+/// The order in a run's `state` (its schema is [`order_state`]); other fields are not
+/// read.
+#[derive(Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct OrderState {
+    #[serde(default, deserialize_with = "text")]
+    pub order_id: Option<String>,
+    #[serde(default, deserialize_with = "text")]
+    pub amount: Option<String>,
+    #[serde(default, deserialize_with = "text")]
+    pub currency: Option<String>,
+}
+
+/// A field that is a string when present: `null` is refused, as the schema says.
+fn text<'de, D: serde::Deserializer<'de>>(field: D) -> Result<Option<String>, D::Error> {
+    String::deserialize(field).map(Some)
+}
+
+/// The error answers of `POST /agui`: the checkout's, and a resume's interrupt unknown.
+pub struct AguiErrors;
+
+impl utoipa::IntoResponses for AguiErrors {
+    fn responses()
+    -> std::collections::BTreeMap<String, utoipa::openapi::RefOr<utoipa::openapi::Response>> {
+        let mut responses = CheckoutErrors::responses();
+        responses.extend(super::error::documented([(
+            "`not_found`: the resume answers no interrupt of this thread",
+            vec![Problem::new(
+                Code::NotFound,
+                "thread \"order-A-100\" has no interrupt 0193a8f0-5f2c-7cc1-9d7e-3c1a2b4d5e6f",
+            )],
+        )]));
+        responses
+    }
+}
+
+/// AG-UI's `ResumeEntry` (its schema is [`resume_entries`]).
+#[derive(Deserialize)]
 #[serde(rename_all = "camelCase")]
 pub struct ResumeEntry {
     /// The interrupt answered: the approval's id.
     pub interrupt_id: String,
     /// `resolved` or `cancelled` (a denial).
-    #[schema(example = "resolved")]
     pub status: String,
     /// `{"approve": true}`, or `{"approve": false, "reason": "…"}`.
     #[serde(default)]
-    #[schema(value_type = Object)]
     pub payload: Value,
+}
+
+/// A thread id, as [`OperationKey::from_client`] takes it: 1 to its most characters of
+/// printable ASCII.
+fn thread_id() -> Schema {
+    ObjectBuilder::new()
+        .schema_type(Type::String)
+        .min_length(Some(1))
+        .max_length(Some(OperationKey::MAX_LEN))
+        .pattern(Some("^[ -~]*$"))
+        .description(Some("The operation: its Idempotency-Key"))
+        .examples([serde_json::json!("order-A-100")])
+        .into()
+}
+
+/// The order in a run's `state`, with the schemas of `POST /checkout`'s parameters.
+fn order_state() -> Schema {
+    ObjectBuilder::new()
+        .schema_type(Type::Object)
+        .property("orderId", schema::order_id())
+        .property("amount", schema::amount())
+        .property("currency", schema::currency())
+        .required("orderId")
+        .required("amount")
+        .description(Some("The order; other fields are not read"))
+        .into()
+}
+
+/// At most one entry, answering the approval's interrupt: resolved with a decision, or
+/// cancelled (a denial).
+fn resume_entries() -> Schema {
+    let interrupt = || {
+        ObjectBuilder::new()
+            .schema_type(Type::String)
+            .format(Some(SchemaFormat::KnownFormat(KnownFormat::Uuid)))
+            .description(Some("The approval's id (the interrupt's id)"))
+    };
+    let status = |value: &str| {
+        ObjectBuilder::new()
+            .schema_type(Type::String)
+            .enum_values(Some([value]))
+    };
+    let resolved = ObjectBuilder::new()
+        .schema_type(Type::Object)
+        .property("interruptId", interrupt())
+        .property("status", status("resolved"))
+        .property(
+            "payload",
+            ObjectBuilder::new()
+                .schema_type(Type::Object)
+                .property("approve", ObjectBuilder::new().schema_type(Type::Boolean))
+                .property(
+                    "reason",
+                    ObjectBuilder::new()
+                        .schema_type(Type::String)
+                        .max_length(Some(500)),
+                )
+                .required("approve"),
+        )
+        .required("interruptId")
+        .required("status")
+        .required("payload");
+    let cancelled = ObjectBuilder::new()
+        .schema_type(Type::Object)
+        .property("interruptId", interrupt())
+        .property("status", status("cancelled"))
+        .required("interruptId")
+        .required("status");
+    ArrayBuilder::new()
+        .items(OneOfBuilder::new().item(resolved).item(cancelled))
+        .max_items(Some(1))
+        .into()
 }
 
 #[utoipa::path(
@@ -66,8 +176,8 @@ pub struct ResumeEntry {
     request_body(content = RunAgentInput, content_type = "application/json"),
     security(("api_key" = ["checkout"]), ("api_key" = ["approve"])),
     responses(
-        (status = 200, description = "The run's events", content_type = "text/event-stream", body = String),
-        CheckoutErrors,
+        (status = 200, description = "The run's events", content_type = "text/event-stream", body = stream::StreamEvent),
+        AguiErrors,
     )
 )]
 pub async fn run(
@@ -94,15 +204,12 @@ pub async fn run(
             if let Some(refusal) = require(&caller, Scope::Checkout) {
                 return refusal;
             }
-            let field = |name: &str| {
-                input
-                    .state
-                    .get(name)
-                    .and_then(Value::as_str)
-                    .map(str::to_owned)
-            };
-            let query =
-                CheckoutQuery::of_order(field("orderId"), field("amount"), field("currency"));
+            let OrderState {
+                order_id,
+                amount,
+                currency,
+            } = input.state;
+            let query = CheckoutQuery::of_order(order_id, amount, currency);
             checkout::start(
                 app,
                 caller,

@@ -32,6 +32,19 @@ use crate::caller::{Caller, Scope};
 use crate::idempotency::{Fingerprint, Lease};
 use crate::payments::OperationKey;
 
+/// One Server-Sent Event of a stream, as the API document describes it.
+#[derive(utoipa::ToSchema)]
+#[allow(dead_code)]
+pub struct StreamEvent {
+    /// The event's place in the operation's journal, `STEP` or `STEP.SUB`; none on the
+    /// run's last event.
+    #[schema(example = "1.2")]
+    id: Option<String>,
+    /// One AG-UI event as JSON text, its `type` inside.
+    #[schema(example = "{\"type\":\"TOOL_CALL_END\",\"toolCallId\":\"call_1\"}")]
+    data: String,
+}
+
 /// How often a stream reads its operation's journal and record.
 pub const POLL: Duration = Duration::from_millis(100);
 
@@ -224,12 +237,12 @@ fn problem(code: Code, detail: String) -> (u16, Vec<u8>) {
     description = "Server-Sent Events in the AG-UI protocol (docs/streaming.md): what the operation's journal holds after `Last-Event-ID` (everything, from `RUN_STARTED`, without it), then its steps live as it runs, on any instance, then its answer as `RUN_FINISHED` (or `RUN_ERROR`). Nothing is run: a dropped stream resumed here never runs the loop or the charge again.",
     params(
         ("operationKey" = String, Path, description = "The operation's key"),
-        ("Last-Event-ID" = Option<String>, Header, description = "The id of the last event received: `STEP` or `STEP.SUB`"),
+        ("Last-Event-ID" = Option<String>, Header, nullable = false, description = "The id of the last event received: `STEP` or `STEP.SUB`", pattern = r"^[0-9]{1,18}(\.[0-9]{1,18})?$"),
         OperationQuery
     ),
     security(("api_key" = ["checkout"]), ("api_key" = ["read"])),
     responses(
-        (status = 200, description = "The operation's events", content_type = "text/event-stream", body = String),
+        (status = 200, description = "The operation's events", content_type = "text/event-stream", body = StreamEvent),
         OperationErrors,
     )
 )]
@@ -249,7 +262,6 @@ pub async fn operation_events(
     };
     let after = match headers.get("last-event-id").map(|v| v.to_str()) {
         None => None,
-        Some(Ok(text)) if text.trim().is_empty() => None,
         Some(text) => match text.ok().and_then(Position::parse) {
             Some(at) => Some(at),
             None => {
