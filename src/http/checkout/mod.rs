@@ -45,8 +45,7 @@ use crate::payments::OperationKey;
     responses(
         (status = 200, description = "The order is charged (now, or by an earlier operation)", content(
             (CheckoutResponse = "application/json"),
-            (String = "text/plain", example = "Your payment of 42.50 USD for order A-100 went through; your receipt is 0193a8f0-5f2c-7cc1-9d7e-3c1a2b4d5e6f."),
-            (stream::StreamEvent = "text/event-stream")
+            (String = "text/plain", example = "Your payment of 42.50 USD for order A-100 went through; your receipt is 0193a8f0-5f2c-7cc1-9d7e-3c1a2b4d5e6f.")
         )),
         CheckoutErrors,
     )
