@@ -45,7 +45,7 @@ pub struct RunAgentInput {
     pub resume: Option<Vec<ResumeEntry>>,
 }
 
-/// The order in a run's `state` (its schema is [`order_state`]); other fields are not
+/// The order in a run's `state` (its schema is `order_state`); other fields are not
 /// read.
 #[derive(Deserialize)]
 #[serde(rename_all = "camelCase")]
@@ -81,7 +81,7 @@ impl utoipa::IntoResponses for AguiErrors {
     }
 }
 
-/// AG-UI's `ResumeEntry` (its schema is [`resume_entries`]).
+/// AG-UI's `ResumeEntry` (its schema is `resume_entries`).
 #[derive(Deserialize)]
 #[serde(rename_all = "camelCase")]
 pub struct ResumeEntry {
