@@ -343,8 +343,8 @@ both_backends!(
     }
 );
 
-// Seen failing: with the problem mapped as a RUN_FINISHED (`last` without its error arm),
-// the declined request's stream ends in success.
+// Seen failing: with a problem mapped as a RUN_FINISHED (`last`'s error arm made to say
+// RUN_FINISHED), the failed checkout's stream ended in RUN_FINISHED.
 both_backends!(
     a_failed_checkout_ends_its_run_with_run_error_and_the_problem,
     |backend| async move {
