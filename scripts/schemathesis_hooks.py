@@ -16,8 +16,12 @@ positive_data_acceptance check (ST202), which takes any 4xx but 401, 403, 404, 4
   before, as a 409 does, which the check accepts. The status is the protocol's, not ours
   to bend to a checker.
 
-This drops exactly those reports: ST202, on POST /checkout and POST /refunds, for a 400
-whose detail names the minor-digits rule, or a 422 `key_reuse`. Every other failure stands. (Every other
+POST /agui takes the same order (in the run input's `state`, with the same schemas) and
+the same key (`threadId`), so the same two answers are right there too.
+
+This drops exactly those reports: ST202, on POST /checkout, POST /refunds and POST /agui,
+for a 400 whose detail names the minor-digits rule, or a 422 `key_reuse`. Every other
+failure stands. (Every other
 rule is in the document: the maximum amount is in the served amount pattern, from the
 settings; an email's 64-character local part is a second pattern beside the address's.)
 """
@@ -30,7 +34,7 @@ MINOR_DIGITS = "digit(s) after the decimal point, the most"
 @schemathesis.hook
 def filter_failure(context, failure, case, response):
     label = case.operation.label
-    if failure.code != "ST202" or label not in ("POST /checkout", "POST /refunds"):
+    if failure.code != "ST202" or label not in ("POST /checkout", "POST /refunds", "POST /agui"):
         return True
     try:
         problem = response.json()

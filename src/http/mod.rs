@@ -1,6 +1,7 @@
 //! The HTTP API: router, one file per resource, errors, the OpenAPI document.
 
 pub mod admission;
+pub mod agui;
 pub mod answer;
 mod api_doc;
 pub mod approvals;
@@ -20,6 +21,7 @@ mod resume;
 pub mod schema;
 pub mod serve;
 pub mod state;
+pub mod stream;
 
 use std::time::Duration;
 
@@ -153,7 +155,9 @@ pub fn openapi(open: bool) -> utoipa::openapi::OpenApi {
 /// The routes and their document; with the state, the callers' routes behind the API key
 /// check.
 fn api_parts(state: Option<&AppState>) -> (Router<AppState>, utoipa::openapi::OpenApi) {
-    let checkout = OpenApiRouter::new().routes(routes!(checkout::checkout));
+    let checkout = OpenApiRouter::new()
+        .routes(routes!(checkout::checkout))
+        .routes(routes!(agui::run));
     let callers = match state {
         // The rate limit sits behind the API key check, which names the caller; when it
         // is off, it is not in the way at all (a layer costs every waiting request room).
@@ -182,6 +186,7 @@ fn read_and_decide() -> OpenApiRouter<AppState> {
         .routes(routes!(refunds::refund))
         .routes(routes!(receipts::get_receipt))
         .routes(routes!(operations::get))
+        .routes(routes!(stream::operation_events))
         .routes(routes!(approvals::list))
         .routes(routes!(approvals::get))
         .routes(routes!(approvals::approve))

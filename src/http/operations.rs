@@ -30,7 +30,7 @@ pub struct OperationQuery {
     /// Another caller's operation (its API key's name): needs the scope `read`. The
     /// caller's own by default.
     #[param(max_length = 64)]
-    caller: Option<String>,
+    pub(crate) caller: Option<String>,
 }
 
 /// The error answers of `GET /operations/{operationKey}`.

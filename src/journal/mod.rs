@@ -114,12 +114,7 @@ impl Journal {
 
     /// The journal of an operation, step by step.
     pub async fn load(&self, caller: &str, operation_key: &str) -> Result<Vec<Entry>, StoreError> {
-        let mut conn = self.db.acquire().await?;
-        Ok(on_conn!(conn.conn(), c => sqlx::query_as(LOAD)
-            .bind(caller)
-            .bind(operation_key)
-            .fetch_all(c)
-            .await?))
+        read(&self.db, caller, operation_key).await
     }
 
     /// Deletes an operation's journal to start afresh; false when nothing was deleted
@@ -153,6 +148,21 @@ const SWEEP: &str = "DELETE FROM agent_journal WHERE expires_at <= (SELECT now_m
 pub const HOLD: &str = "\
     UPDATE agent_journal SET expires_at = CASE WHEN expires_at < $3 THEN $3 ELSE expires_at END \
     WHERE scope = $1 AND operation_key = $2";
+
+/// The journal of an operation, step by step, read from `db` (a stream's reader: it
+/// appends nothing, so it needs no writer).
+pub async fn read(
+    db: &Database,
+    caller: &str,
+    operation_key: &str,
+) -> Result<Vec<Entry>, StoreError> {
+    let mut conn = db.acquire().await?;
+    Ok(on_conn!(conn.conn(), c => sqlx::query_as(LOAD)
+        .bind(caller)
+        .bind(operation_key)
+        .fetch_all(c)
+        .await?))
+}
 
 /// Deletes an operation's journal (its Idempotency-Key record is being forgotten).
 pub async fn forget(conn: Conn<'_>, caller: &str, operation_key: &str) -> Result<(), StoreError> {

@@ -480,8 +480,9 @@ async fn security_of(s: &Service) -> Vec<serde_json::Value> {
 /// key is optional (`security` lists `{}` beside the key); once a key exists (`auto`) it
 /// is required, and with `required` it always is. Each operation names the scope it needs:
 /// `approve` (or `checkout`, for its own) for the approvals, `approve` to decide one,
-/// `checkout` for POST /checkout; `checkout` (its own) or `read` for an operation and a
-/// receipt; `refund` for POST /refunds. In the document's order of paths.
+/// `checkout` for POST /checkout; `checkout` (a run) or `approve` (a resume) for POST
+/// /agui; `checkout` (its own) or `read` for an operation, its events and a receipt;
+/// `refund` for POST /refunds. In the document's order of paths.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_document_declares_the_key_optional_only_while_open() {
     let checkout = serde_json::json!({ "api_key": ["checkout"] });
@@ -489,11 +490,13 @@ async fn the_document_declares_the_key_optional_only_while_open() {
     let approve = serde_json::json!({ "api_key": ["approve"] });
     let refund = serde_json::json!({ "api_key": ["refund"] });
     let needs = [
+        vec![&checkout, &approve],
         vec![&approve, &checkout],
         vec![&approve, &checkout],
         vec![&approve],
         vec![&approve],
         vec![&checkout],
+        vec![&checkout, &read],
         vec![&checkout, &read],
         vec![&checkout, &read],
         vec![&refund],

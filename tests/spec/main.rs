@@ -5,6 +5,7 @@
 #[macro_use]
 mod common;
 
+mod agui;
 mod approvals;
 mod auth;
 mod budgets;
@@ -28,5 +29,6 @@ mod refund_provider;
 mod refunds;
 mod scopes;
 mod store_contract;
+mod streaming;
 mod traces;
 mod workers;

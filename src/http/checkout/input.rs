@@ -30,6 +30,23 @@ pub struct CheckoutQuery {
     payment_method: Option<String>,
 }
 
+impl CheckoutQuery {
+    /// The order as an AG-UI run's `state` names it (`POST /agui`).
+    pub(crate) fn of_order(
+        order_id: Option<String>,
+        amount: Option<String>,
+        currency: Option<String>,
+    ) -> CheckoutQuery {
+        CheckoutQuery {
+            order_id,
+            amount,
+            currency,
+            email: None,
+            payment_method: None,
+        }
+    }
+}
+
 /// Written out rather than derived: the derive drops `required` and the description of
 /// a field whose schema is built by a function, and each schema here is built from its
 /// parser's constants ([`schema`]).

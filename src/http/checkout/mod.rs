@@ -19,6 +19,7 @@ pub use paused::{ApprovalView, PausedResponse};
 pub(crate) use paused::{denied_answer, expired_answer, pause, saved};
 
 use axum::extract::{Extension, State};
+use axum::http::HeaderMap;
 use axum::response::{IntoResponse, Response};
 
 use crate::assistant::CheckoutContext;
@@ -30,6 +31,7 @@ use crate::http::error::Code;
 use crate::http::extract::{Format, IdempotencyKey, NoBody, Params};
 use crate::http::idempotent;
 use crate::http::state::AppState;
+use crate::http::stream;
 use crate::idempotency::Lease;
 use crate::outbox::Confirmation;
 use crate::payments::OperationKey;
@@ -39,7 +41,7 @@ use crate::payments::OperationKey;
     path = "/checkout",
     tag = "checkout",
     summary = "Charge an order through the checkout assistant",
-    description = "Runs the assistant loop: the model calls the `charge` tool, the gateway charges the order once (keyed by the order id), the model confirms. The order is given once, as query parameters; the operation reads no body (a body is refused with 400, or 413 over the body limit). Send `Accept: text/plain` for the confirmation sentence alone. Needs the API key scope `checkout`.",
+    description = "Runs the assistant loop: the model calls the `charge` tool, the gateway charges the order once (keyed by the order id), the model confirms. The order is given once, as query parameters; the operation reads no body (a body is refused with 400, or 413 over the body limit). Send `Accept: text/plain` for the confirmation sentence alone, or `Accept: text/event-stream` for the operation's steps as AG-UI events as they happen (docs/streaming.md; keyed by a minted key without an Idempotency-Key, resumable at `GET /operations/{operationKey}/events`). Needs the API key scope `checkout`.",
     params(CheckoutQuery, IdempotencyKey),
     security(("api_key" = ["checkout"])),
     responses(
@@ -55,12 +57,28 @@ pub async fn checkout(
     Extension(caller): Extension<Caller>,
     format: Format,
     IdempotencyKey(client_key): IdempotencyKey,
-    Params(mut query): Params<CheckoutQuery>,
+    Params(query): Params<CheckoutQuery>,
+    headers: HeaderMap,
     _: NoBody,
 ) -> Response {
     if let Some(refusal) = require(&caller, Scope::Checkout) {
         return refusal;
     }
+    // A stream's run is its operation key.
+    let run_id = stream::wanted(&headers).then(String::new);
+    start(app, caller, format, client_key, query, run_id).await
+}
+
+/// A checkout the caller may make: validated, keyed and run, answered as JSON or text,
+/// or (`run_id` given; empty: the operation key) as the run `run_id` of AG-UI events.
+pub(crate) async fn start(
+    app: AppState,
+    caller: Caller,
+    format: Format,
+    client_key: Option<OperationKey>,
+    mut query: CheckoutQuery,
+    run_id: Option<String>,
+) -> Response {
     let needs_method = app.gateway().needs_payment_method();
     let email = recipient(query.email.take());
     let checked = order(query, app.settings().payments.max_amount, needs_method)
@@ -78,15 +96,18 @@ pub async fn checkout(
     let needs_approval = caller
         .approval_above(&app.settings().payments, amount.currency())
         .is_some_and(|above| amount.minor() > above.minor());
+    // A stream's last event carries the JSON form's answer.
+    let streamed = run_id.is_some();
     let request = CheckoutRequest {
         order,
         email,
-        format,
+        format: if streamed { Format::Json } else { format },
         needs_approval,
     };
     // A checkout that may pause is keyed, by the client or by a key minted here: its
     // pause is rows (its record and journal), which a decision on any instance resumes.
-    let key = client_key.or_else(|| needs_approval.then(OperationKey::mint));
+    // So is a streamed one: its events are read from its journal (docs/streaming.md).
+    let key = client_key.or_else(|| (needs_approval || streamed).then(OperationKey::mint));
     match key {
         Some(key) => {
             let fingerprint = request.fingerprint();
@@ -100,6 +121,14 @@ pub async fn checkout(
                     }
                 }
             };
+            if let Some(run_id) = run_id {
+                let run_id = match run_id.is_empty() {
+                    true => key.as_str().to_owned(),
+                    false => run_id,
+                };
+                return stream::once(app, caller.name.clone(), key, fingerprint, run_id, work)
+                    .await;
+            }
             // Boxed, like the failure path: a handler future is as large as its largest
             // branch, and thousands of checkouts wait at once.
             Box::pin(idempotent::once(

@@ -1,0 +1,354 @@
+//! An operation as a stream of AG-UI events (docs/streaming.md): `Accept:
+//! text/event-stream` on `POST /checkout`, `POST /agui`, and the resumption
+//! `GET /operations/{operationKey}/events` with `Last-Event-ID`.
+//!
+//! Every stream is read from the journal, whichever instance runs the operation: a short
+//! poll of its rows (and of its record, for the end), so the events a reconnect replays
+//! and those it sees live are the same rows, in the same order, with the same ids. The
+//! stream only reads: a stream that goes away stops nothing.
+
+pub mod events;
+
+use std::convert::Infallible;
+use std::time::{Duration, Instant};
+
+use axum::extract::{Extension, Path, State};
+use axum::http::HeaderMap;
+use axum::response::sse::{Event, KeepAlive, Sse};
+use axum::response::{IntoResponse, Response};
+use tokio::sync::{mpsc, oneshot};
+use tokio::task::JoinHandle;
+
+pub use events::{AgUiEvent, Position};
+
+use super::admission::Slot;
+use super::answer::HttpAnswer;
+use super::error::{Code, Problem};
+use super::extract::Params;
+use super::idempotent;
+use super::operations::{OperationErrors, OperationQuery};
+use super::state::AppState;
+use crate::caller::{Caller, Scope};
+use crate::idempotency::{Fingerprint, Lease};
+use crate::payments::OperationKey;
+
+/// One Server-Sent Event of a stream, as the API document describes it.
+#[derive(utoipa::ToSchema)]
+#[allow(dead_code)]
+pub struct StreamEvent {
+    /// The event's place in the operation's journal, `STEP` or `STEP.SUB`; none on the
+    /// run's last event.
+    #[schema(example = "1.2")]
+    id: Option<String>,
+    /// One AG-UI event as JSON text, its `type` inside.
+    #[schema(example = "{\"type\":\"TOOL_CALL_END\",\"toolCallId\":\"call_1\"}")]
+    data: String,
+}
+
+/// How often a stream reads its operation's journal and record.
+pub const POLL: Duration = Duration::from_millis(100);
+
+/// Whether the request asks for the event stream (`Accept: text/event-stream`).
+pub fn wanted(headers: &HeaderMap) -> bool {
+    headers
+        .get_all(axum::http::header::ACCEPT)
+        .iter()
+        .filter_map(|v| v.to_str().ok())
+        .flat_map(|v| v.split(','))
+        .any(|range| {
+            range
+                .split(';')
+                .next()
+                .is_some_and(|m| m.trim().eq_ignore_ascii_case("text/event-stream"))
+        })
+}
+
+/// What ends a stream.
+pub enum Finish {
+    /// The operation runs in this task; its answer ends the stream.
+    Task(JoinHandle<Response>),
+    /// The operation's record: its saved answer ends the stream.
+    Record,
+    /// The operation's answer, already in (status, body).
+    Answered(u16, Vec<u8>),
+}
+
+/// Which operation a stream follows, and from where.
+pub struct Tail {
+    pub app: AppState,
+    /// Whose operation.
+    pub owner: String,
+    pub key: String,
+    pub thread_id: String,
+    pub run_id: String,
+    /// The last place the client has (`Last-Event-ID`); `None`: from `RUN_STARTED` on.
+    pub after: Option<Position>,
+    /// A new run that goes on from `after` (an interrupt's resume): it starts with its
+    /// own `RUN_STARTED`, which has no place in the journal.
+    pub announce: bool,
+}
+
+/// The stream as an SSE response: its events come from a task that reads the journal,
+/// and stops when the client goes away (the operation does not).
+pub fn respond(tail: Tail, finish: Finish) -> Response {
+    let (tx, rx) = mpsc::channel::<Event>(32);
+    tokio::spawn(follow(tail, finish, tx));
+    let stream = futures_util::stream::unfold(rx, |mut rx| async move {
+        rx.recv()
+            .await
+            .map(|event| (Ok::<_, Infallible>(event), rx))
+    });
+    Sse::new(stream)
+        .keep_alive(KeepAlive::default())
+        .into_response()
+}
+
+fn sse(event: &AgUiEvent) -> Event {
+    let data = Event::default().data(event.body.to_string());
+    match event.id {
+        Some(id) => data.id(id.to_string()),
+        None => data,
+    }
+}
+
+/// Sends the operation's events after `tail.after` as its journal grows, then its last.
+async fn follow(tail: Tail, mut finish: Finish, tx: mpsc::Sender<Event>) {
+    let mut at = match tail.after {
+        Some(after) => {
+            if tail.announce {
+                let mut started = events::run_started(&tail.thread_id, &tail.run_id);
+                started.id = None;
+                if tx.send(sse(&started)).await.is_err() {
+                    return;
+                }
+            }
+            after
+        }
+        None => {
+            let started = events::run_started(&tail.thread_id, &tail.run_id);
+            if tx.send(sse(&started)).await.is_err() {
+                return;
+            }
+            Position::default()
+        }
+    };
+    let lease = tail.app.settings().idempotency.lease;
+    let mut lapsed_since: Option<Instant> = None;
+    loop {
+        // Whether it ended is asked first: what an ended operation did is journaled.
+        let ended = match &mut finish {
+            Finish::Task(_) => None,
+            Finish::Answered(status, body) => Some((*status, std::mem::take(body))),
+            Finish::Record => match tail.app.records().status(&tail.owner, &tail.key).await {
+                Ok(Some(Ok(saved))) => Some((saved.status, saved.body)),
+                Ok(Some(Err(left))) if left.is_zero() => {
+                    // Released or lapsed: a retry or the recovery sweep may take it over.
+                    let since = *lapsed_since.get_or_insert_with(Instant::now);
+                    (since.elapsed() > lease * 2).then(|| problem(
+                        Code::Unavailable,
+                        "the operation stopped before its answer; repeat its request with the same Idempotency-Key to resume it".into(),
+                    ))
+                }
+                Ok(Some(Err(_))) => {
+                    lapsed_since = None;
+                    None
+                }
+                Ok(None) => Some(problem(
+                    Code::NotFound,
+                    format!("there is no operation {:?}", tail.key),
+                )),
+                Err(err) => {
+                    tracing::warn!(error = %err, "a stream cannot read its operation's record; trying again");
+                    None
+                }
+            },
+        };
+        let entries = match crate::journal::read(tail.app.db(), &tail.owner, &tail.key).await {
+            Ok(entries) => entries,
+            Err(err) => {
+                tracing::warn!(error = %err, "a stream cannot read its operation's journal; trying again");
+                if let Some((status, body)) = ended {
+                    finish = Finish::Answered(status, body);
+                }
+                tokio::time::sleep(POLL).await;
+                continue;
+            }
+        };
+        for entry in &entries {
+            for event in events::of_step(&tail.thread_id, entry) {
+                if let Some(id) = event.id.filter(|id| *id > at) {
+                    at = id;
+                    if tx.send(sse(&event)).await.is_err() {
+                        return;
+                    }
+                }
+            }
+        }
+        if let Some((status, body)) = ended {
+            let call = events::waiting_call(&entries);
+            let last = events::last(&tail.thread_id, &tail.run_id, status, &body, call);
+            let _ = tx.send(sse(&last)).await;
+            return;
+        }
+        match &mut finish {
+            Finish::Task(run) => tokio::select! {
+                _ = tokio::time::sleep(POLL) => {}
+                done = run => {
+                    let (status, body) = answer_of(done).await;
+                    finish = Finish::Answered(status, body);
+                }
+                () = tx.closed() => return,
+            },
+            Finish::Record => tokio::select! {
+                _ = tokio::time::sleep(POLL) => {}
+                () = tx.closed() => return,
+            },
+            Finish::Answered(..) => {}
+        }
+    }
+}
+
+/// The status and body of the task's answer.
+async fn answer_of(done: Result<Response, tokio::task::JoinError>) -> (u16, Vec<u8>) {
+    match done {
+        Ok(response) => {
+            let status = response.status().as_u16();
+            let body = axum::body::to_bytes(response.into_body(), usize::MAX)
+                .await
+                .unwrap_or_default();
+            (status, body.to_vec())
+        }
+        Err(err) => problem(Code::Unavailable, format!("the task failed: {err}")),
+    }
+}
+
+fn problem(code: Code, detail: String) -> (u16, Vec<u8>) {
+    let problem = Problem::new(code, detail);
+    let body = serde_json::to_vec(&*problem.body).unwrap_or_default();
+    (problem.body.status, body)
+}
+
+#[utoipa::path(
+    get,
+    path = "/operations/{operationKey}/events",
+    operation_id = "getOperationEvents",
+    tag = "checkout",
+    summary = "An operation's steps as AG-UI events, resumed after Last-Event-ID",
+    description = "Server-Sent Events in the AG-UI protocol (docs/streaming.md): what the operation's journal holds after `Last-Event-ID` (everything, from `RUN_STARTED`, without it), then its steps live as it runs, on any instance, then its answer as `RUN_FINISHED` (or `RUN_ERROR`). Nothing is run: a dropped stream resumed here never runs the loop or the charge again.",
+    params(
+        ("operationKey" = String, Path, description = "The operation's key"),
+        ("Last-Event-ID" = Option<String>, Header, nullable = false, description = "The id of the last event received: `STEP` or `STEP.SUB`", pattern = r"^[0-9]{1,18}(\.[0-9]{1,18})?$"),
+        OperationQuery
+    ),
+    security(("api_key" = ["checkout"]), ("api_key" = ["read"])),
+    responses(
+        (status = 200, description = "The operation's events", content_type = "text/event-stream", body = StreamEvent),
+        OperationErrors,
+    )
+)]
+pub async fn operation_events(
+    State(app): State<AppState>,
+    Extension(caller): Extension<Caller>,
+    Path(key): Path<String>,
+    headers: HeaderMap,
+    Params(query): Params<OperationQuery>,
+) -> Response {
+    let owner = match query.caller {
+        Some(owner) if owner != caller.name && !caller.has(Scope::Read) => {
+            return not_found(&key);
+        }
+        Some(owner) => owner,
+        None => caller.name,
+    };
+    let after = match headers.get("last-event-id").map(|v| v.to_str()) {
+        None => None,
+        Some(text) => match text.ok().and_then(Position::parse) {
+            Some(at) => Some(at),
+            None => {
+                return Problem::invalid(
+                    "Last-Event-ID",
+                    "Last-Event-ID is the id of an event of this stream: STEP or STEP.SUB",
+                )
+                .into_response();
+            }
+        },
+    };
+    match app.records().status(&owner, &key).await {
+        Ok(Some(_)) => {}
+        Ok(None) => return not_found(&key),
+        Err(err) => {
+            return Problem::new(
+                Code::Unavailable,
+                format!("cannot read the operation: {err}"),
+            )
+            .retry_after(1)
+            .into_response();
+        }
+    }
+    let tail = Tail {
+        app,
+        owner,
+        thread_id: key.clone(),
+        run_id: key.clone(),
+        key,
+        after,
+        announce: false,
+    };
+    respond(tail, Finish::Record)
+}
+
+fn not_found(key: &str) -> Response {
+    Problem::new(Code::NotFound, format!("there is no operation {key:?}")).into_response()
+}
+
+/// Runs `work` once for `key` as [`idempotent::once`] does, and answers its events: live
+/// when this request runs it, replayed when the key's answer is saved. A request that
+/// runs nothing (the key in use or reused, the instance full) gets its problem as ever.
+pub async fn once<F>(
+    app: AppState,
+    caller: String,
+    key: OperationKey,
+    fingerprint: Fingerprint,
+    run_id: String,
+    work: impl FnOnce(&Lease, Slot) -> F + Send + 'static,
+) -> Response
+where
+    F: Future<Output = HttpAnswer> + Send + 'static,
+{
+    let (began, begun) = oneshot::channel::<()>();
+    let work = move |lease: &Lease, slot: Slot| {
+        let _ = began.send(());
+        work(lease, slot)
+    };
+    // A task of its own: the operation goes on whatever happens to the stream.
+    let run = {
+        let (app, caller, key) = (app.clone(), caller.clone(), key.clone());
+        tokio::spawn(async move {
+            Box::pin(idempotent::once(&app, &caller, &key, &fingerprint, work)).await
+        })
+    };
+    let tail = Tail {
+        app,
+        owner: caller,
+        thread_id: key.as_str().to_owned(),
+        run_id,
+        key: key.as_str().to_owned(),
+        after: None,
+        announce: false,
+    };
+    if begun.await.is_ok() {
+        return respond(tail, Finish::Task(run));
+    }
+    let response = match run.await {
+        Ok(response) => response,
+        Err(err) => {
+            return Problem::new(Code::Unavailable, format!("the task failed: {err}"))
+                .into_response();
+        }
+    };
+    if !response.headers().contains_key(idempotent::REPLAYED) {
+        return response;
+    }
+    let (status, body) = answer_of(Ok(response)).await;
+    respond(tail, Finish::Answered(status, body))
+}
