@@ -8,13 +8,12 @@
 
 use std::time::Duration;
 
-use checkout::App;
 use checkout::config::Settings;
 use checkout::model::scripted::ScriptedModel;
 use checkout::payments::PerCurrency;
 use serde_json::Value;
-use tokio::sync::oneshot;
 
+use crate::common::Instance;
 use crate::common::{
     Backend, Harness, Process, Reply, TestDb, client, post, scripted, settled, test_settings, until,
 };
@@ -25,48 +24,27 @@ fn with_approval(s: &mut Settings) {
     s.payments.approval_above = PerCurrency::parse("USD:100.00").unwrap();
 }
 
-/// A second instance of the service on the same database (Postgres), in this process.
-struct Second {
-    base: String,
-    _stop: oneshot::Sender<()>,
-}
-
-impl Second {
-    async fn start(settings: Settings) -> Second {
-        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-        let base = format!("http://{}", listener.local_addr().unwrap());
-        let app = App::build(settings)
-            .await
-            .expect("the second instance starts");
-        let (stop, stopped) = oneshot::channel::<()>();
-        tokio::spawn(app.serve(listener, async {
-            let _ = stopped.await;
-        }));
-        Second { base, _stop: stop }
-    }
-}
-
 /// The service with approvals above USD 100.00, the model following `faults`; on
 /// Postgres, with a second instance on the same database (`None` on SQLite).
 async fn service(
     backend: Backend,
     faults: &str,
     tune: impl Fn(&mut Settings),
-) -> (Harness, Option<Second>) {
+) -> (Harness, Option<Instance>) {
     let db = TestDb::new(backend).await;
     let model: ScriptedModel = scripted(faults).await;
     let mut settings = test_settings(&db, &model);
     with_approval(&mut settings);
     tune(&mut settings);
     let second = match backend {
-        Backend::Postgres => Some(Second::start(settings.clone()).await),
+        Backend::Postgres => Some(Instance::start(settings.clone()).await),
         Backend::Sqlite => None,
     };
     (Harness::serve(db, model, settings).await, second)
 }
 
 /// The other instance's base URL, or this one's on SQLite.
-fn other(h: &Harness, second: &Option<Second>) -> String {
+fn other(h: &Harness, second: &Option<Instance>) -> String {
     second.as_ref().map_or(h.base.clone(), |s| s.base.clone())
 }
 

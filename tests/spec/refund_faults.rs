@@ -4,11 +4,12 @@
 
 use std::time::Duration;
 
+use crate::common::Instance;
 use crate::common::stripe::StripeFake;
 use crate::common::{
     Backend, Harness, Reply, TestDb, client, post, scripted, test_settings, through_stripe, until,
 };
-use crate::refunds::{Second, refunds};
+use crate::refunds::refunds;
 use checkout::config::Settings;
 use checkout::model::scripted::FaultRule;
 
@@ -199,7 +200,7 @@ async fn a_second_instance_with_the_same_key_refunds_nothing_more() {
     let db = TestDb::new(Backend::Postgres).await;
     let model = scripted("").await;
     let settings = test_settings(&db, &model);
-    let second = Second::start(settings.clone()).await;
+    let second = Instance::start(settings.clone()).await;
     let h = Harness::serve(db, model, settings).await;
     assert_eq!(h.checkout("R2-1", "50.00").await.status, 200);
     h.model

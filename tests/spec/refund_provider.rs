@@ -223,7 +223,7 @@ both_backends!(
         let mut settings = crate::common::test_settings(&db, &model);
         through_stripe(&mut settings, &fake.base_url());
         let second = match backend {
-            Backend::Postgres => Some(crate::refunds::Second::start(settings.clone()).await),
+            Backend::Postgres => Some(crate::common::Instance::start(settings.clone()).await),
             Backend::Sqlite => None,
         };
         let h = Harness::serve(db, model, settings).await;

@@ -5,34 +5,10 @@
 
 use std::sync::Arc;
 
-use tokio::sync::oneshot;
-
+use crate::common::Instance;
 use crate::common::{
     Backend, Harness, Reply, TestDb, client, post, sample, scripted, test_settings,
 };
-use checkout::App;
-use checkout::config::Settings;
-
-/// A second instance of the service on the same database (Postgres), in this process.
-pub(crate) struct Second {
-    pub base: String,
-    _stop: oneshot::Sender<()>,
-}
-
-impl Second {
-    pub async fn start(settings: Settings) -> Second {
-        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-        let base = format!("http://{}", listener.local_addr().unwrap());
-        let app = App::build(settings)
-            .await
-            .expect("the second instance starts");
-        let (stop, stopped) = oneshot::channel::<()>();
-        tokio::spawn(app.serve(listener, async {
-            let _ = stopped.await;
-        }));
-        Second { base, _stop: stop }
-    }
-}
 
 /// Rows in `refunds`.
 pub(crate) async fn refunds(db: &TestDb) -> i64 {
@@ -114,7 +90,7 @@ both_backends!(
         let settings = test_settings(&db, &model);
         // SQLite takes one instance per file: two instances are Postgres's.
         let second = match backend {
-            Backend::Postgres => Some(Second::start(settings.clone()).await),
+            Backend::Postgres => Some(Instance::start(settings.clone()).await),
             Backend::Sqlite => None,
         };
         let h = Arc::new(Harness::serve(db, model, settings).await);

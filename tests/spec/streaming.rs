@@ -5,12 +5,11 @@
 
 use std::time::Duration;
 
-use checkout::App;
 use checkout::config::Settings;
 use checkout::payments::PerCurrency;
 use serde_json::Value;
-use tokio::sync::oneshot;
 
+use crate::common::Instance;
 use crate::common::{Backend, Harness, TestDb, client, scripted, test_settings};
 
 /// One event as received: its `id` (if any) and its JSON.
@@ -95,27 +94,6 @@ fn ids(events: &[Received]) -> Vec<Option<String>> {
     events.iter().map(|e| e.id.clone()).collect()
 }
 
-/// A second instance of the service on the same database, in this process.
-struct Second {
-    base: String,
-    _stop: oneshot::Sender<()>,
-}
-
-impl Second {
-    async fn start(settings: Settings) -> Second {
-        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-        let base = format!("http://{}", listener.local_addr().unwrap());
-        let app = App::build(settings)
-            .await
-            .expect("the second instance starts");
-        let (stop, stopped) = oneshot::channel::<()>();
-        tokio::spawn(app.serve(listener, async {
-            let _ = stopped.await;
-        }));
-        Second { base, _stop: stop }
-    }
-}
-
 /// The service, the model following `faults`; on Postgres with a second instance on the
 /// same database (SQLite allows one instance per file: there, the same one).
 async fn service(
@@ -128,7 +106,7 @@ async fn service(
     let mut settings = test_settings(&db, &model);
     tune(&mut settings);
     let second = match backend {
-        Backend::Postgres => Some(Second::start(settings.clone()).await),
+        Backend::Postgres => Some(Instance::start(settings.clone()).await),
         Backend::Sqlite => None,
     };
     let h = Harness::serve(db, model, settings).await;

@@ -199,6 +199,29 @@ pub fn through_stripe(s: &mut Settings, base_url: &str) {
     s.payments.timeout = Duration::from_millis(1_000);
 }
 
+/// The service in this process on its settings' address (port 0 in tests): a second
+/// instance on a test's database (Postgres; SQLite allows one per file), or a harness's.
+pub struct Instance {
+    pub base: String,
+    /// Dropping it drops this sender, and the service shuts down.
+    _stop: oneshot::Sender<()>,
+}
+
+impl Instance {
+    pub async fn start(settings: Settings) -> Instance {
+        let listener = tokio::net::TcpListener::bind(settings.server.listen)
+            .await
+            .expect("bind");
+        let base = format!("http://{}", listener.local_addr().unwrap());
+        let app = App::build(settings).await.expect("the service starts");
+        let (stop, stopped) = oneshot::channel::<()>();
+        tokio::spawn(app.serve(listener, async {
+            let _ = stopped.await;
+        }));
+        Instance { base, _stop: stop }
+    }
+}
+
 /// The scripted model and the service, in this process, on port 0.
 pub struct Harness {
     pub db: TestDb,
@@ -224,21 +247,13 @@ impl Harness {
     }
 
     pub async fn serve(db: TestDb, model: ScriptedModel, settings: Settings) -> Harness {
-        let listener = tokio::net::TcpListener::bind(settings.server.listen)
-            .await
-            .expect("bind");
-        let base = format!("http://{}", listener.local_addr().unwrap());
-        let app = App::build(settings).await.expect("the service starts");
-        let (stop, stopped) = oneshot::channel::<()>();
-        tokio::spawn(app.serve(listener, async {
-            let _ = stopped.await;
-        }));
+        let Instance { base, _stop } = Instance::start(settings).await;
         Harness {
             db,
             model,
             base,
             http: client(),
-            _stop: stop,
+            _stop,
         }
     }
 
