@@ -129,7 +129,7 @@ const DENY: &str = "\
     WHERE id = $1 AND status = 'pending' AND expires_at > (SELECT now_ms FROM clock) \
     RETURNING caller";
 const EXPIRE: &str = "\
-    UPDATE approvals SET status = 'expired', decided_at = (SELECT now_ms FROM clock) \
+    UPDATE approvals SET status = 'expired', decided_by = $2, reason = $3, decided_at = (SELECT now_ms FROM clock) \
     WHERE id = $1 AND status = 'pending' AND expires_at <= (SELECT now_ms FROM clock) \
     RETURNING caller";
 
@@ -303,39 +303,15 @@ impl Approvals {
         reason: Option<&str>,
         answer: impl FnOnce(&Approval) -> Saved,
     ) -> Result<Decided, StoreError> {
-        let mut conn = self.db.acquire().await?;
-        let Some(approval) = get(conn.conn(), id).await? else {
-            return Ok(Decided::Missing);
+        let denied = |a: &Approval| {
+            answer(&Approval {
+                status: Status::Denied,
+                reason: reason.map(str::to_owned),
+                decided_by: Some(by.to_owned()),
+                ..a.clone()
+            })
         };
-        let saved = answer(&Approval {
-            status: Status::Denied,
-            reason: reason.map(str::to_owned),
-            decided_by: Some(by.to_owned()),
-            ..approval.clone()
-        });
-        let id_text = id.hyphenated().to_string();
-        let decided = on_conn!(conn.conn(), c => {
-            let mut tx = c.begin().await?;
-            let decided: Option<String> = sqlx::query_scalar(DENY)
-                .bind(&id_text)
-                .bind(by)
-                .bind(reason)
-                .fetch_optional(&mut *tx)
-                .await?;
-            if decided.is_some() {
-                sqlx::query(SETTLE_PAUSED)
-                    .bind(approval.caller.as_str())
-                    .bind(approval.operation_key.as_str())
-                    .bind(i64::from(saved.status))
-                    .bind(saved.content_type.as_str())
-                    .bind(saved.body.as_slice())
-                    .execute(&mut *tx)
-                    .await?;
-            }
-            tx.commit().await?;
-            decided.is_some()
-        });
-        self.found(conn.conn(), id, decided).await
+        self.settle(id, DENY, Some(by), reason, denied).await
     }
 
     /// Marks `id` expired if it is pending past its expiry, and in the same transaction
@@ -343,6 +319,20 @@ impl Approvals {
     pub async fn expire(
         &self,
         id: Uuid,
+        answer: impl FnOnce(&Approval) -> Saved,
+    ) -> Result<Decided, StoreError> {
+        self.settle(id, EXPIRE, None, None, answer).await
+    }
+
+    /// A decision that ends the operation without running it (`DENY`, `EXPIRE`: `$1` id,
+    /// `$2` by, `$3` reason): the approval's conditional update and, if it took, `answer`
+    /// in place of the operation's 202, in one transaction.
+    async fn settle(
+        &self,
+        id: Uuid,
+        decision: &'static str,
+        by: Option<&str>,
+        reason: Option<&str>,
         answer: impl FnOnce(&Approval) -> Saved,
     ) -> Result<Decided, StoreError> {
         let mut conn = self.db.acquire().await?;
@@ -353,8 +343,10 @@ impl Approvals {
         let id_text = id.hyphenated().to_string();
         let decided = on_conn!(conn.conn(), c => {
             let mut tx = c.begin().await?;
-            let decided: Option<String> = sqlx::query_scalar(EXPIRE)
+            let decided: Option<String> = sqlx::query_scalar(decision)
                 .bind(&id_text)
+                .bind(by)
+                .bind(reason)
                 .fetch_optional(&mut *tx)
                 .await?;
             if decided.is_some() {
