@@ -119,11 +119,20 @@ const GIVE_UP: &str = "\
 
 /// New keys' records, a group at a time (`$1 … $6`: callers, keys, fingerprints, lease and
 /// time-to-live in ms, requests): the keys that went in, with their fence.
+///
+/// A claim commits without waiting for its own WAL flush (`synchronous_commit` off for
+/// this statement's transaction only): nothing depends on its durability until the
+/// operation's next write, and every such write (the receipt, a provider's intent, a
+/// journal step, the pause, the saved answer, the release) commits synchronously, which
+/// flushes the WAL up to itself and so the claim before it. A crash before that loses a
+/// claim that no effect depended on: the request is as if it never came, and its retry
+/// claims the key afresh. A keyed checkout waits for two flushes, not three (issue 34).
 const PG_INSERT_GROUP: &str = "\
+    WITH unflushed AS (SELECT set_config('synchronous_commit', 'off', true)) \
     INSERT INTO idempotency_keys (scope, key, fingerprint, fence, lease_until, created_at, expires_at, request) \
     SELECT r.scope, r.key, r.fingerprint, 1, clock.now_ms + r.lease_ms, clock.now_ms, clock.now_ms + r.ttl_ms, r.request \
     FROM UNNEST($1::text[], $2::text[], $3::text[], $4::int8[], $5::int8[], $6::text[]) \
-    AS r(scope, key, fingerprint, lease_ms, ttl_ms, request) CROSS JOIN clock \
+    AS r(scope, key, fingerprint, lease_ms, ttl_ms, request) CROSS JOIN clock CROSS JOIN unflushed \
     ON CONFLICT (scope, key) DO NOTHING RETURNING scope, key, fence";
 
 /// SQLite has no arrays: the rows are a `VALUES` list between these two.
