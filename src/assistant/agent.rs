@@ -15,6 +15,7 @@ use super::error::{CheckoutError, FailureKind, ToolFailure};
 use super::memory::{self, Memory};
 use super::prompts;
 use super::tools::ToolBox;
+use crate::journal::NewEntry;
 use crate::model::ModelChain;
 use crate::model::wire::{ChatRequest, Message};
 use crate::payments::Receipt;
@@ -33,6 +34,9 @@ pub struct CheckoutOutcome {
     pub attempts: u32,
     /// Model requests and tokens it took, and the steps replayed from the journal.
     pub usage: Usage,
+    /// The closing answer's journal entry, not yet written: it commits with the
+    /// operation's saved answer, in one commit (`Records::complete`).
+    pub closing: Vec<NewEntry>,
 }
 
 /// Who wrote a checkout's confirmation sentence.
@@ -136,6 +140,7 @@ impl CheckoutOutcome {
             message_source: MessageSource::Service,
             attempts,
             usage: ctx.usage(),
+            closing: Vec::new(),
         }
     }
 }
@@ -214,10 +219,10 @@ impl Inner {
             };
             let calls = reply.tool_calls.unwrap_or_default();
             if calls.is_empty() {
-                self.memory
-                    .remember(ctx, std::mem::take(&mut pending))
-                    .await?;
                 let Some(receipt) = receipt else {
+                    self.memory
+                        .remember(ctx, std::mem::take(&mut pending))
+                        .await?;
                     // Over the budget (or past the charge, for a refund), not charging
                     // (refunding) is right: no nudge.
                     if nudges == limits.max_nudges
@@ -249,6 +254,15 @@ impl Inner {
                     });
                     continue;
                 };
+                // The closing answer ends the operation: a journaled one commits with the
+                // operation's saved answer, one commit where there were two. Lost with an
+                // answer that is not saved, it costs a retry one model request, no effect.
+                let closing = if self.memory.durable(ctx) {
+                    pending
+                } else {
+                    self.memory.remember(ctx, pending).await?;
+                    Vec::new()
+                };
                 return Ok(match reply.content.as_deref().map(str::trim) {
                     Some(text) if !text.is_empty() => CheckoutOutcome {
                         charged: ctx.made(&receipt),
@@ -257,8 +271,12 @@ impl Inner {
                         message_source: MessageSource::Model,
                         attempts: attempt,
                         usage: ctx.usage(),
+                        closing,
                     },
-                    _ => CheckoutOutcome::written_by_service(ctx, receipt, attempt),
+                    _ => CheckoutOutcome {
+                        closing,
+                        ..CheckoutOutcome::written_by_service(ctx, receipt, attempt)
+                    },
                 });
             }
             chat.messages.push(Message::Assistant {

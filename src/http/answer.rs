@@ -6,6 +6,8 @@ use axum::http::{HeaderValue, StatusCode, header};
 use axum::response::{IntoResponse, Response};
 use serde::Serialize;
 
+use crate::journal::NewEntry;
+
 /// A finished answer: what is sent, and what an idempotency record saves for replay.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct HttpAnswer {
@@ -21,6 +23,9 @@ pub struct HttpAnswer {
     /// A final outcome, saved under an Idempotency-Key and replayed: the same request
     /// would end the same way. Transient failures are not: a retry may well succeed.
     pub final_outcome: bool,
+    /// The operation's last journal steps (its closing answer), committed with the saved
+    /// answer: one commit where there were two.
+    pub closing: Vec<NewEntry>,
 }
 
 impl HttpAnswer {
@@ -33,6 +38,7 @@ impl HttpAnswer {
             location: None,
             saved: false,
             final_outcome: status.is_success(),
+            closing: Vec::new(),
         }
     }
 

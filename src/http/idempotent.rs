@@ -217,29 +217,40 @@ async fn owned(app: AppState, lease: Lease, work: BoxFuture<'static, HttpAnswer>
         }
         std::future::pending::<()>().await;
     };
-    let answer = tokio::select! {
+    let mut answer = tokio::select! {
         answer = work => answer,
         () = renew => unreachable!("renewal never ends"),
     };
     if answer.saved {
         return answer;
     }
+    let closing = std::mem::take(&mut answer.closing);
     let outcome = if answer.final_outcome {
         let saved = Saved {
             status: answer.status.as_u16(),
             content_type: answer.content_type.clone(),
             body: answer.body.to_vec(),
         };
-        Box::pin(records.complete(&lease, &saved)).await
+        Box::pin(records.complete(&lease, &saved, closing)).await
     } else {
         Box::pin(records.release(&lease)).await
     };
     match outcome {
         Ok(true) => {}
         // A zombie: our lease lapsed and another instance took the key over. Its record
-        // stands; the work's own keys made sure this run did nothing twice.
+        // stands; the work's own keys made sure this run did nothing twice. A final
+        // answer of ours would be a second answer for one key: the client is sent for
+        // the one that instance saves, as a run that finds its lease lost mid-way is.
         Ok(false) => {
-            tracing::warn!(key = %lease.key, fence = lease.fence, "the Idempotency-Key was taken over; this run's answer was not saved")
+            tracing::warn!(key = %lease.key, fence = lease.fence, "the Idempotency-Key was taken over; this run's answer was not saved");
+            if answer.final_outcome {
+                return Problem::new(
+                    Code::InFlight,
+                    "another instance took this operation over after its lease lapsed; this run stopped, and the operation's answer is that instance's: repeat the request with the same Idempotency-Key",
+                )
+                .retry_after(1)
+                .answer();
+            }
         }
         Err(err) => {
             tracing::warn!(key = %lease.key, error = %err, "cannot save the answer of an Idempotency-Key; a retry runs the work again, and its own keys keep that safe")

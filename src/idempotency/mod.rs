@@ -18,7 +18,7 @@ pub use records::{Lapsed, Lease, PAUSE, PAUSED, REOPEN, SETTLE_PAUSED, Saved};
 use records::{Completion, Completions, Inserts, NewRecord};
 
 use crate::db::{Database, GroupWriter, StoreError};
-use crate::journal;
+use crate::journal::{self, NewEntry};
 use crate::outbox::{self, Recipient};
 use crate::payments::Order;
 
@@ -139,12 +139,19 @@ impl Records {
         records::renew(self.db.acquire().await?.conn(), lease, lease_for).await
     }
 
-    /// Saves the answer; false when the lease is no longer ours (nothing is written).
-    pub async fn complete(&self, lease: &Lease, saved: &Saved) -> Result<bool, StoreError> {
+    /// Saves the answer, and in the same commit the operation's `closing` journal steps;
+    /// false when the lease is no longer ours (nothing is written).
+    pub async fn complete(
+        &self,
+        lease: &Lease,
+        saved: &Saved,
+        closing: Vec<NewEntry>,
+    ) -> Result<bool, StoreError> {
         self.completions
             .write(Completion {
                 lease: lease.clone(),
                 saved: saved.clone(),
+                closing,
             })
             .await
     }

@@ -5,9 +5,10 @@ use std::cmp::Ordering;
 use std::collections::{HashMap, HashSet};
 use std::time::Duration;
 
-use sqlx::QueryBuilder;
+use sqlx::{Connection, QueryBuilder};
 
 use crate::db::{Conn, GroupWrite, StoreError, on_conn};
+use crate::journal::{self, NewEntry, PgEntries};
 
 /// The right to work on a key, until the lease lapses or another instance takes it.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -118,11 +119,20 @@ const GIVE_UP: &str = "\
 
 /// New keys' records, a group at a time (`$1 … $6`: callers, keys, fingerprints, lease and
 /// time-to-live in ms, requests): the keys that went in, with their fence.
+///
+/// A claim commits without waiting for its own WAL flush (`synchronous_commit` off for
+/// this statement's transaction only): nothing depends on its durability until the
+/// operation's next write, and every such write (the receipt, a provider's intent, a
+/// journal step, the pause, the saved answer, the release) commits synchronously, which
+/// flushes the WAL up to itself and so the claim before it. A crash before that loses a
+/// claim that no effect depended on: the request is as if it never came, and its retry
+/// claims the key afresh. A keyed checkout waits for two flushes, not three (issue 34).
 const PG_INSERT_GROUP: &str = "\
+    WITH unflushed AS (SELECT set_config('synchronous_commit', 'off', true)) \
     INSERT INTO idempotency_keys (scope, key, fingerprint, fence, lease_until, created_at, expires_at, request) \
     SELECT r.scope, r.key, r.fingerprint, 1, clock.now_ms + r.lease_ms, clock.now_ms, clock.now_ms + r.ttl_ms, r.request \
     FROM UNNEST($1::text[], $2::text[], $3::text[], $4::int8[], $5::int8[], $6::text[]) \
-    AS r(scope, key, fingerprint, lease_ms, ttl_ms, request) CROSS JOIN clock \
+    AS r(scope, key, fingerprint, lease_ms, ttl_ms, request) CROSS JOIN clock CROSS JOIN unflushed \
     ON CONFLICT (scope, key) DO NOTHING RETURNING scope, key, fence";
 
 /// SQLite has no arrays: the rows are a `VALUES` list between these two.
@@ -134,14 +144,25 @@ const SQLITE_INSERT_GROUP_TAIL: &str = ") AS r, clock WHERE true \
     ON CONFLICT (scope, key) DO NOTHING RETURNING scope, key, fence";
 
 /// Answers saved, a group at a time (`$1 … $6`: callers, keys, fences, statuses, content
-/// types, bodies), each only under the fence its run holds: the keys saved.
-const PG_COMPLETE_GROUP: &str = "\
-    UPDATE idempotency_keys SET status = c.status, content_type = c.content_type, body = c.body, lease_until = NULL \
-    FROM UNNEST($1::text[], $2::text[], $3::int8[], $4::int8[], $5::text[], $6::bytea[]) \
-    AS c(scope, key, fence, status, content_type, body) \
-    WHERE idempotency_keys.scope = c.scope AND idempotency_keys.key = c.key \
-    AND idempotency_keys.fence = c.fence AND idempotency_keys.status IS NULL \
-    RETURNING idempotency_keys.scope, idempotency_keys.key, idempotency_keys.fence";
+/// types, bodies), each only under the fence its run holds: the keys saved. And, in the
+/// same statement (so the same commit), the closing journal steps of those saved
+/// (`$7 … $19`, the journal's arrays).
+const PG_COMPLETE_GROUP: &str = concat!(
+    "WITH saved AS (",
+    "UPDATE idempotency_keys SET status = c.status, content_type = c.content_type, body = c.body, lease_until = NULL ",
+    "FROM UNNEST($1::text[], $2::text[], $3::int8[], $4::int8[], $5::text[], $6::bytea[]) ",
+    "AS c(scope, key, fence, status, content_type, body) ",
+    "WHERE idempotency_keys.scope = c.scope AND idempotency_keys.key = c.key ",
+    "AND idempotency_keys.fence = c.fence AND idempotency_keys.status IS NULL ",
+    "RETURNING idempotency_keys.scope, idempotency_keys.key, idempotency_keys.fence), ",
+    "journaled AS (",
+    journal::pg_insert!(
+        "$7::text[], $8::text[], $9::text[], $10::int8[], $11::text[], $12::text[], $13::text[], \
+         $14::text[], $15::text[], $16::int8[], $17::int8[], $18::int8[], $19::int8[]",
+        "(e.scope, e.operation_key, e.fence) IN (SELECT scope, key, fence FROM saved)"
+    ),
+    ") SELECT scope, key, fence FROM saved"
+);
 
 const SQLITE_COMPLETE_GROUP_HEAD: &str = "\
     UPDATE idempotency_keys SET status = c.column4, content_type = c.column5, body = c.column6, lease_until = NULL \
@@ -163,11 +184,13 @@ pub struct NewRecord {
     pub ttl: Duration,
 }
 
-/// An answer to save under a lease, with the next group.
+/// An answer to save under a lease, with the next group, and the journal steps that
+/// commit with it.
 #[derive(Debug)]
 pub struct Completion {
     pub lease: Lease,
     pub saved: Saved,
+    pub closing: Vec<NewEntry>,
 }
 
 /// The group writer of new keys' records: every checkout with a new key inserts one, so
@@ -248,7 +271,9 @@ impl GroupWrite for Completions {
     async fn write(&self, conn: Conn<'_>, rows: &[Completion]) -> Result<Vec<bool>, StoreError> {
         let saved: Vec<(String, String, i64)> = match conn {
             Conn::Postgres(c) => {
-                sqlx::query_as(PG_COMPLETE_GROUP)
+                let closing =
+                    PgEntries::of(rows.iter().flat_map(|r| &r.closing).map(|e| (None, e)));
+                let query = sqlx::query_as(PG_COMPLETE_GROUP)
                     .bind(
                         rows.iter()
                             .map(|r| r.lease.caller.as_str())
@@ -274,9 +299,8 @@ impl GroupWrite for Completions {
                         rows.iter()
                             .map(|r| r.saved.body.as_slice())
                             .collect::<Vec<_>>(),
-                    )
-                    .fetch_all(c)
-                    .await?
+                    );
+                closing.bind(query).fetch_all(c).await?
             }
             Conn::Sqlite(c) => {
                 let mut statement = QueryBuilder::new(SQLITE_COMPLETE_GROUP_HEAD);
@@ -290,7 +314,18 @@ impl GroupWrite for Completions {
                         .push_bind(r.saved.body.clone());
                 });
                 statement.push(SQLITE_COMPLETE_GROUP_TAIL);
-                statement.build_query_as().fetch_all(c).await?
+                let closing: Vec<&NewEntry> = rows.iter().flat_map(|r| &r.closing).collect();
+                if closing.is_empty() {
+                    statement.build_query_as().fetch_all(c).await?
+                } else {
+                    // The steps first: their insert asks, as the save does, that the
+                    // record be unfinished under the run's fence; the save then ends it.
+                    let mut tx = c.begin().await?;
+                    journal::insert_sqlite(&mut tx, &closing).await?;
+                    let saved = statement.build_query_as().fetch_all(&mut *tx).await?;
+                    tx.commit().await?;
+                    saved
+                }
             }
         };
         // Named by fence too: a zombie's row beside its successor's in one group is not

@@ -162,7 +162,7 @@ async fn killed_while_saving_the_answer_the_retry_gets_the_committed_answer() {
     until("the victim is saving its answer", async || {
         let waiting: i64 = sqlx::query_scalar(
             "SELECT count(*) FROM pg_stat_activity \
-             WHERE wait_event_type = 'Lock' AND query LIKE 'UPDATE idempotency_keys SET status%'",
+             WHERE wait_event_type = 'Lock' AND query LIKE '%UPDATE idempotency_keys SET status%'",
         )
         .fetch_one(&pool)
         .await

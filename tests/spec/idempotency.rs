@@ -233,14 +233,14 @@ async fn lease_and_fence(backend: Backend) {
         body: b"late".to_vec(),
     };
     assert!(!store.renew(&first, lease).await.unwrap());
-    assert!(!store.complete(&first, &late).await.unwrap());
+    assert!(!store.complete(&first, &late, Vec::new()).await.unwrap());
     assert!(!store.release(&first).await.unwrap());
     let saved = Saved {
         status: 200,
         content_type: "text/plain".into(),
         body: b"owner".to_vec(),
     };
-    assert!(store.complete(&second, &saved).await.unwrap());
+    assert!(store.complete(&second, &saved, Vec::new()).await.unwrap());
     assert_eq!(begin().await.unwrap(), Begin::Replay(saved));
     // A finished key is not taken over, even long after its lease.
     assert!(!store.renew(&second, lease).await.unwrap());

@@ -89,7 +89,7 @@ impl From<Usage> for UsageView {
 
 pub(super) fn success(
     ctx: &CheckoutContext,
-    outcome: CheckoutOutcome,
+    mut outcome: CheckoutOutcome,
     confirmation: Option<Confirmation>,
     format: Format,
 ) -> HttpAnswer {
@@ -108,7 +108,8 @@ pub(super) fn success(
         models = ?models,
         "checkout confirmed"
     );
-    match format {
+    let closing = std::mem::take(&mut outcome.closing);
+    let mut answer = match format {
         Format::Text => {
             HttpAnswer::new(StatusCode::OK, "text/plain; charset=utf-8", outcome.message)
         }
@@ -132,7 +133,9 @@ pub(super) fn success(
             };
             HttpAnswer::json(StatusCode::OK, &body)
         }
-    }
+    };
+    answer.closing = closing;
+    answer
 }
 
 /// A paid order is never an error: a checkout whose order its attempts saw charged, and

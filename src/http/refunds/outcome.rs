@@ -120,7 +120,7 @@ pub(super) async fn answer(
             _ => Err(err),
         },
     };
-    let outcome = match outcome {
+    let mut outcome = match outcome {
         Ok(outcome) => outcome,
         Err(err) => {
             let problem = failure(app, ctx, &err).await;
@@ -137,8 +137,12 @@ pub(super) async fn answer(
     };
     app.metrics().checkout("ok");
     tracing::info!(order = %refund.order_id, refund = %refund.id, refunded, attempts = outcome.attempts, "refund confirmed");
+    let closing = std::mem::take(&mut outcome.closing);
     if format == Format::Text {
-        return HttpAnswer::new(StatusCode::OK, "text/plain; charset=utf-8", outcome.message);
+        let mut answer =
+            HttpAnswer::new(StatusCode::OK, "text/plain; charset=utf-8", outcome.message);
+        answer.closing = closing;
+        return answer;
     }
     let mut receipt = ReceiptView::from(&outcome.receipt);
     match app.gateway().refunds().refunded(&refund.order_id).await {
@@ -173,7 +177,9 @@ pub(super) async fn answer(
         },
         confirmation,
     };
-    HttpAnswer::json(StatusCode::OK, &body)
+    let mut answer = HttpAnswer::json(StatusCode::OK, &body);
+    answer.closing = closing;
+    answer
 }
 
 /// Why no refund was made.
