@@ -15,7 +15,7 @@ use super::error::{CheckoutError, FailureKind, ToolFailure};
 use super::memory::{self, Memory};
 use super::prompts;
 use super::tools::ToolBox;
-use crate::model::ModelChain;
+use crate::model::{LiveOps, ModelChain};
 use crate::model::wire::{ChatRequest, Message};
 use crate::payments::Receipt;
 
@@ -63,6 +63,9 @@ struct Inner {
     tools: ToolBox,
     memory: Memory,
     limits: LoopLimits,
+    /// The operations a stream watches on this instance: theirs are asked for streamed
+    /// answers, whose text goes to the stream as the model writes it.
+    live: LiveOps,
 }
 
 /// How far one run of the loop may go.
@@ -77,12 +80,19 @@ pub struct LoopLimits {
 }
 
 impl AgentLoop {
-    pub fn new(model: ModelChain, tools: ToolBox, memory: Memory, limits: LoopLimits) -> Self {
+    pub fn new(
+        model: ModelChain,
+        tools: ToolBox,
+        memory: Memory,
+        limits: LoopLimits,
+        live: LiveOps,
+    ) -> Self {
         AgentLoop(Arc::new(Inner {
             model,
             tools,
             memory,
             limits,
+            live,
         }))
     }
 }
@@ -160,6 +170,8 @@ impl Inner {
                 ToolBox::offered(ctx.email().is_some())
             },
             max_tokens: Some(limits.max_tokens),
+            stream: false,
+            stream_options: None,
         };
         // Pins guard a journal that another run may read; steps kept in process are read
         // back by this operation's own loop retry only, under the same pins.
@@ -191,9 +203,11 @@ impl Inner {
                     reply
                 }
                 None => {
+                    let key = ctx.journal_key();
+                    let live = self.live.publisher(&key.caller, &key.operation_key, step);
                     let asked = self
                         .model
-                        .complete(&mut chat, round, ctx.request_counter())
+                        .complete(&mut chat, round, ctx.request_counter(), live)
                         .await;
                     let (completion, endpoint) = asked.map_err(FailureKind::Model)?;
                     let name = endpoint.name();
