@@ -15,8 +15,8 @@ use super::error::{CheckoutError, FailureKind, ToolFailure};
 use super::memory::{self, Memory};
 use super::prompts;
 use super::tools::ToolBox;
-use crate::model::{LiveOps, ModelChain};
 use crate::model::wire::{ChatRequest, Message};
+use crate::model::{LiveOps, ModelChain};
 use crate::payments::Receipt;
 
 /// A checkout the model confirmed.

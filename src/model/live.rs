@@ -104,11 +104,13 @@ impl LiveOps {
         let (op, _) = ops.get(&(owner.to_owned(), key.to_owned()))?;
         // Under the lock the publishers take: nothing is missed or heard twice.
         let writing = op.writing.lock().expect("never poisoned");
-        let now = writing.clone().map(|(step, attempt, text)| LiveEvent::Text {
-            step,
-            attempt,
-            text,
-        });
+        let now = writing
+            .clone()
+            .map(|(step, attempt, text)| LiveEvent::Text {
+                step,
+                attempt,
+                text,
+            });
         Some((now, op.tx.subscribe()))
     }
 }

@@ -25,8 +25,8 @@ use tokio::sync::mpsc;
 use super::events::{self, AgUiEvent};
 use super::sse;
 use crate::journal::Entry;
-use crate::model::live::LiveEvent;
 use crate::model::LiveOps;
+use crate::model::live::LiveEvent;
 
 /// The live text of one stream's operation, if it is watched on this instance.
 pub struct Live {
@@ -41,6 +41,9 @@ pub struct Live {
     started: HashMap<i64, u32>,
     /// What the journal's events of a step that had live messages become.
     decided: HashMap<i64, Decision>,
+    /// The step whose text came before the stream had read the step before it: the
+    /// journal was read again at once (once a step), not at the next poll.
+    caught_up_for: i64,
 }
 
 struct Message {
@@ -65,6 +68,8 @@ enum Decision {
 /// What waiting came to.
 pub enum Waited<T> {
     Done(T),
+    /// Text came for a step after one the stream has not read: read the journal now.
+    Behind,
     /// The client went away.
     Gone,
 }
@@ -83,6 +88,7 @@ impl Live {
             journaled: 0,
             started: HashMap::new(),
             decided: HashMap::new(),
+            caught_up_for: 0,
         }
     }
 
@@ -101,6 +107,13 @@ impl Live {
                     let events = self.heard(thread, heard);
                     if !send(tx, &events).await {
                         return Waited::Gone;
+                    }
+                    if let Some(m) = &self.message
+                        && m.step > self.journaled + 1
+                        && m.step > self.caught_up_for
+                    {
+                        self.caught_up_for = m.step;
+                        return Waited::Behind;
                     }
                 }
                 () = tx.closed() => return Waited::Gone,
@@ -194,7 +207,9 @@ impl Live {
                     1 => format!("{thread}-{}", m.step),
                     n => format!("{thread}-{}-{n}", m.step),
                 };
-                out.push(json!({"type": "TEXT_MESSAGE_START", "messageId": id, "role": "assistant"}));
+                out.push(
+                    json!({"type": "TEXT_MESSAGE_START", "messageId": id, "role": "assistant"}),
+                );
                 m.id = Some(id.clone());
                 id
             }
@@ -235,7 +250,13 @@ impl Live {
         out
     }
 
-    fn decide(&mut self, thread: &str, entry: &Entry, events: &[AgUiEvent], out: &mut Vec<AgUiEvent>) {
+    fn decide(
+        &mut self,
+        thread: &str,
+        entry: &Entry,
+        events: &[AgUiEvent],
+        out: &mut Vec<AgUiEvent>,
+    ) {
         let journaled_text = events
             .iter()
             .find(|e| e.body["type"] == "TEXT_MESSAGE_CONTENT")

@@ -215,7 +215,7 @@ async fn follow(tail: Tail, mut finish: Finish, tx: mpsc::Sender<Event>) {
                 });
                 match waited.await {
                     Waited::Gone => return,
-                    Waited::Done(None) => {}
+                    Waited::Done(None) | Waited::Behind => {}
                     Waited::Done(Some(done)) => {
                         let (status, body) = answer_of(done).await;
                         finish = Finish::Answered(status, body);

@@ -76,6 +76,7 @@ impl ScriptedModel {
             input_tokens: AtomicU64::new(0),
             output_tokens: AtomicU64::new(0),
             http2_requests: AtomicU64::new(0),
+            streamed_requests: AtomicU64::new(0),
             connections: AtomicU64::new(0),
             by_round: Mutex::new(Vec::new()),
             arrivals: Mutex::new(Vec::new()),
@@ -119,6 +120,11 @@ impl ScriptedModel {
     /// Chat-completions requests that came over HTTP/2.
     pub fn requests_over_http2(&self) -> u64 {
         self.state.http2_requests.load(Ordering::SeqCst)
+    }
+
+    /// Chat-completions requests that asked for a streamed answer (`stream: true`).
+    pub fn streamed_requests(&self) -> u64 {
+        self.state.streamed_requests.load(Ordering::SeqCst)
     }
 
     /// Requests received so far for round `round` (1-based).

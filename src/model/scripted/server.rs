@@ -31,6 +31,8 @@ pub(super) struct State {
     pub(super) input_tokens: AtomicU64,
     pub(super) output_tokens: AtomicU64,
     pub(super) http2_requests: AtomicU64,
+    /// Chat-completions requests that asked `stream: true`.
+    pub(super) streamed_requests: AtomicU64,
     pub(super) connections: AtomicU64,
     pub(super) by_round: Mutex<Vec<u64>>,
     pub(super) arrivals: Mutex<Vec<Instant>>,
@@ -156,6 +158,9 @@ async fn completions(state: &State, request: Request<Incoming>) -> Result<Reply,
             ));
         }
     };
+    if chat.stream {
+        state.streamed_requests.fetch_add(1, Ordering::SeqCst);
+    }
     let round = chat
         .messages
         .iter()
@@ -247,10 +252,9 @@ async fn completions(state: &State, request: Request<Incoming>) -> Result<Reply,
                 .output_tokens
                 .fetch_add(tokens("completion_tokens"), Ordering::SeqCst);
             Ok(match (chat.stream, broken) {
-                (true, _) => streamed_answer(streamed::body(
-                    streamed::pieces(&chat, &answer),
-                    broken,
-                )),
+                (true, _) => {
+                    streamed_answer(streamed::body(streamed::pieces(&chat, &answer), broken))
+                }
                 // Half the JSON body, then the connection dropped.
                 (false, true) => {
                     let text = answer.to_string();

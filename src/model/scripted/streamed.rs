@@ -20,7 +20,7 @@ use super::server::CloseConnection;
 use crate::model::wire::ChatRequest;
 
 /// Between two pieces of a streamed answer.
-pub(super) const PIECE_GAP: Duration = Duration::from_millis(5);
+pub(super) const PIECE_GAP: Duration = Duration::from_millis(8);
 
 /// The events of `answer` (a `chat.completion`) as a stream sends them.
 pub(super) fn pieces(chat: &ChatRequest, answer: &Value) -> Vec<String> {

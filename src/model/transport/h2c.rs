@@ -118,7 +118,12 @@ impl H2c {
             move |(taken, mut incoming, read)| async move {
                 let chunk = match incoming.data().await? {
                     Ok(chunk) => chunk,
-                    Err(err) => return Some((Err(ModelError::transport(err)), (taken, incoming, usize::MAX))),
+                    Err(err) => {
+                        return Some((
+                            Err(ModelError::transport(err)),
+                            (taken, incoming, usize::MAX),
+                        ));
+                    }
                 };
                 let _ = incoming.flow_control().release_capacity(chunk.len());
                 let read = read.saturating_add(chunk.len());
