@@ -41,8 +41,11 @@ pub struct LiveOps(Arc<Registry>);
 struct Registry {
     /// Entries in `ops`: while none, no lock is taken.
     count: AtomicUsize,
-    ops: Mutex<HashMap<(String, String), (Arc<Op>, usize)>>,
+    ops: Mutex<HashMap<OpId, (Arc<Op>, usize)>>,
 }
+
+/// (owner, operation key).
+type OpId = (String, String);
 
 struct Op {
     tx: broadcast::Sender<LiveEvent>,
@@ -118,7 +121,7 @@ impl LiveOps {
 /// An operation watched; unwatched when the last guard goes.
 pub struct Watched {
     ops: LiveOps,
-    id: (String, String),
+    id: OpId,
 }
 
 impl Drop for Watched {
