@@ -67,9 +67,9 @@ async fn journaled_text(h: &Harness, key: &str, step: i64) -> String {
     content.data["delta"].as_str().unwrap().to_owned()
 }
 
-// Seen failing: with the loop asking without a publisher (`live` passed as `None` in
-// agent.rs), the model is not asked to stream (streamed_requests 0) and the sentence
-// comes as one TEXT_MESSAGE_CONTENT with id 3.2 after TEXT_MESSAGE_START 3.1.
+// Seen failing: with the loop's publisher dropped (`.filter(|_| false)` on
+// `self.live.publisher(…)` in agent.rs) the model is not asked to stream and the sentence
+// comes from the journal as one TEXT_MESSAGE_CONTENT: "the sentence in pieces" failed.
 both_backends!(
     the_closing_sentence_is_sent_piece_by_piece_as_the_provider_streams_it,
     |backend| async move {
@@ -125,11 +125,10 @@ both_backends!(
     }
 );
 
-// Seen failing: without the chain's failover of a broken stream (the break made
-// `Unusable`-free but `fails_over` false: `Transport` with `Stop::NotRetryable`), the
-// turn is not asked of the fallback; and without `end()` on `Broken` in
-// http/stream/live.rs, the broken message is never ended and the fallback's text is
-// sent as more of it.
+// Seen failing: with the chain never failing over (`let failover = i < last && false;` in
+// chain.rs) the primary's request retry repeated the broken stream until it gave up, the
+// fallback was never asked and the service wrote the sentence: no step 3 was journaled
+// ("the step has text" failed).
 both_backends!(
     a_provider_stream_broken_mid_sentence_finishes_on_the_fallback_with_one_receipt,
     |backend| async move {
@@ -194,9 +193,10 @@ both_backends!(
     }
 );
 
-// Seen failing: with `open()` reading the body without `Limited` (the pieces unbounded),
-// the endless stream is read until the request timeout and the problem is a timeout,
-// not the bound.
+// Seen failing: with `open()` reading the pieces without the bound
+// (`Limited::new(incoming, usize::MAX)` in transport/mod.rs), the endless stream was read
+// until the loop's deadline: RUN_ERROR `deadline_exceeded`, not `model_error` over the
+// bound. The endless stream is the scripted model's `endless-stream` fault (no fake).
 both_backends!(
     an_endless_provider_stream_is_cut_at_the_answer_bound,
     |backend| async move {
