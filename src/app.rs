@@ -24,7 +24,7 @@ use crate::idempotency::Records;
 use crate::journal::Journal;
 use crate::metrics::Metrics;
 use crate::model::scripted::{self, Script, ScriptedModel};
-use crate::model::{ClientSettings, ModelChain, ModelClient, ModelEndpoint};
+use crate::model::{ClientSettings, LiveOps, ModelChain, ModelClient, ModelEndpoint};
 use crate::outbox::{Dispatcher, MailTransport, Outbox};
 use crate::payments::stripe::Stripe;
 use crate::payments::{Intents, PaymentGateway, Receipts};
@@ -135,7 +135,8 @@ impl App {
             approvals.clone(),
             metrics.clone(),
         );
-        let agent = AgentLoop::new(chain.clone(), tools, memory, limits);
+        let live = LiveOps::default();
+        let agent = AgentLoop::new(chain.clone(), tools, memory, limits, live.clone());
         let assistant = Assistant::new(
             agent,
             &settings.assistant.retry,
@@ -202,6 +203,7 @@ impl App {
             gate,
             admission,
             rate_limit,
+            live,
         });
         if recovering {
             workers.spawn(http::recovery::Recovery(state.clone()));

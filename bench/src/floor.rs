@@ -154,6 +154,8 @@ async fn chat_bodies(client: &reqwest::Client, url: &str) -> Result<(Bytes, Byte
         messages: prompts::opening(&order, false),
         tools: ToolBox::offered(false),
         max_tokens: Some(checkout::assistant::MAX_TOKENS),
+        stream: false,
+        stream_options: None,
     };
     let round1 = Bytes::from(serde_json::to_vec(&chat).map_err(|e| e.to_string())?);
     let answer = post(client, url, round1.clone()).await?;

@@ -16,8 +16,8 @@ use super::memory::{self, Memory};
 use super::prompts;
 use super::tools::ToolBox;
 use crate::journal::NewEntry;
-use crate::model::ModelChain;
 use crate::model::wire::{ChatRequest, Message};
+use crate::model::{LiveOps, ModelChain};
 use crate::payments::Receipt;
 
 /// A checkout the model confirmed.
@@ -67,6 +67,9 @@ struct Inner {
     tools: ToolBox,
     memory: Memory,
     limits: LoopLimits,
+    /// The operations a stream watches on this instance: theirs are asked for streamed
+    /// answers, whose text goes to the stream as the model writes it.
+    live: LiveOps,
 }
 
 /// How far one run of the loop may go.
@@ -81,12 +84,19 @@ pub struct LoopLimits {
 }
 
 impl AgentLoop {
-    pub fn new(model: ModelChain, tools: ToolBox, memory: Memory, limits: LoopLimits) -> Self {
+    pub fn new(
+        model: ModelChain,
+        tools: ToolBox,
+        memory: Memory,
+        limits: LoopLimits,
+        live: LiveOps,
+    ) -> Self {
         AgentLoop(Arc::new(Inner {
             model,
             tools,
             memory,
             limits,
+            live,
         }))
     }
 }
@@ -165,6 +175,8 @@ impl Inner {
                 ToolBox::offered(ctx.email().is_some())
             },
             max_tokens: Some(limits.max_tokens),
+            stream: false,
+            stream_options: None,
         };
         // Pins guard a journal that another run may read; steps kept in process are read
         // back by this operation's own loop retry only, under the same pins.
@@ -196,9 +208,11 @@ impl Inner {
                     reply
                 }
                 None => {
+                    let key = ctx.journal_key();
+                    let live = self.live.publisher(&key.caller, &key.operation_key, step);
                     let asked = self
                         .model
-                        .complete(&mut chat, round, ctx.request_counter())
+                        .complete(&mut chat, round, ctx.request_counter(), live)
                         .await;
                     let (completion, endpoint) = asked.map_err(FailureKind::Model)?;
                     let name = endpoint.name();

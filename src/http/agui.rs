@@ -309,7 +309,12 @@ async fn decide(
     };
     let id = id.to_string();
     if approve {
-        let run = tokio::spawn(approvals::approve(State(app), Extension(caller), Path(id)));
+        // Watched while the approved run goes on: its closing sentence is streamed live.
+        let watched = app.live().open(&approval.caller, key.as_str());
+        let run = tokio::spawn(async move {
+            let _watched = watched;
+            approvals::approve(State(app), Extension(caller), Path(id)).await
+        });
         return stream::respond(tail, Finish::Task(run));
     }
     let reason = entry.payload.get("reason").and_then(Value::as_str);

@@ -15,6 +15,7 @@ use crate::config::Settings;
 use crate::db::Database;
 use crate::idempotency::Records;
 use crate::metrics::Metrics;
+use crate::model::LiveOps;
 use crate::outbox::Outbox;
 use crate::payments::PaymentGateway;
 
@@ -41,6 +42,9 @@ pub struct Parts {
     pub admission: Admission,
     /// The rate limit per caller, when one is set.
     pub rate_limit: Option<RateLimit>,
+    /// The operations an event stream watches on this instance: their model answers are
+    /// streamed, their text sent as it comes (docs/streaming.md, "Live text").
+    pub live: LiveOps,
 }
 
 impl AppState {
@@ -50,6 +54,10 @@ impl AppState {
 
     pub fn metrics(&self) -> &Metrics {
         &self.0.metrics
+    }
+
+    pub fn live(&self) -> &LiveOps {
+        &self.0.live
     }
 
     /// Who may call `/checkout` and `/receipts`.

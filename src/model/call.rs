@@ -5,6 +5,8 @@ use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
 
 use bytes::Bytes;
 
+use super::live::LiveText;
+
 /// One chat-completions request: the serialized body, cloned cheaply for each retry. Its
 /// own file, so that the client (which sends it) and the request retry (which repeats it)
 /// both depend on it and not on each other.
@@ -24,6 +26,9 @@ pub struct ModelCall {
     /// spent waiting in the service, which is not the endpoint's failure. Each send gets
     /// its own (the circuit breaker gives it).
     pub on_wire: Arc<AtomicBool>,
+    /// Someone watches the operation: the body asks for a streamed answer
+    /// (`stream: true`), and its text is published here as it comes.
+    pub live: Option<LiveText>,
 }
 
 impl ModelCall {

@@ -10,7 +10,8 @@ use std::sync::atomic::AtomicU32;
 use super::breaker::Breaker;
 use super::client::{Completion, ModelClient};
 use super::error::{ModelError, ModelErrorKind};
-use super::wire::ChatRequest;
+use super::live::LiveText;
+use super::wire::{ChatRequest, StreamOptions};
 use crate::metrics::Metrics;
 
 #[derive(Clone)]
@@ -53,18 +54,26 @@ impl ModelChain {
 
     /// Asks the turn of each endpoint in order until one answers; returns the answer and
     /// the endpoint that gave it, or the failure of the last endpoint asked. `chat.model`
-    /// is set to each endpoint's model as it is asked.
+    /// is set to each endpoint's model as it is asked. With `live`, each is asked for a
+    /// streamed answer whose text goes there as it comes: a stream that breaks is a
+    /// transient failure like any other, and the next endpoint streams its own answer.
     pub async fn complete(
         &self,
         chat: &mut ChatRequest,
         round: u32,
         sent: Arc<AtomicU32>,
+        live: Option<LiveText>,
     ) -> Result<(Completion, &ModelClient), ModelError> {
         let last = self.endpoints.len() - 1;
+        chat.stream = live.is_some();
+        chat.stream_options = chat.stream.then_some(StreamOptions {
+            include_usage: true,
+        });
         for (i, endpoint) in self.endpoints.iter().enumerate() {
             endpoint.model().clone_into(&mut chat.model);
             let failover = i < last;
-            match endpoint.complete(chat, round, sent.clone(), failover).await {
+            let asked = endpoint.complete(chat, round, sent.clone(), failover, live.clone());
+            match asked.await {
                 Ok(completion) => {
                     if i > 0 {
                         self.metrics().fallback_turn(endpoint.metric_label());

@@ -19,8 +19,10 @@ use tower::{BoxError, Service, ServiceBuilder, ServiceExt};
 use super::breaker::{Breaker, BreakerLayer, BreakerSettings};
 use super::call::ModelCall;
 use super::error::{ModelError, ModelErrorKind};
+use super::live::LiveText;
 use super::observe::ObserveLayer;
 use super::retry::{RequestRetry, RequestRetrySettings};
+use super::stream;
 use super::transport::{Transport, TransportSettings};
 use super::wire::{AssistantMessage, ChatRequest, ChatResponse, TokenUsage};
 use crate::metrics::Metrics;
@@ -151,13 +153,15 @@ impl ModelClient {
     /// Sends one round of the conversation and returns the model's message, with the
     /// tokens the provider counted. Each request sent (retries too) adds one to `sent`.
     /// With `failover`, a transient failure is not repeated here: the next endpoint is
-    /// asked.
+    /// asked. With `live` (the request asks `stream: true`), the answer's text is
+    /// published there as it comes; the message returned is the same.
     pub async fn complete(
         &self,
         request: &ChatRequest,
         round: u32,
         sent: Arc<AtomicU32>,
         failover: bool,
+        live: Option<LiveText>,
     ) -> Result<Completion, ModelError> {
         let call = ModelCall {
             body: body(request),
@@ -166,6 +170,7 @@ impl ModelClient {
             sent,
             failover,
             on_wire: Default::default(),
+            live,
         };
         let response = self.stack.clone().oneshot(call).await.map_err(|err| {
             match err.downcast::<ModelError>() {
@@ -257,6 +262,9 @@ impl ChatPost {
             genai::inject_traceparent(headers);
             request
         };
+        if let Some(live) = &call.live {
+            return self.streamed(head, &call, live).await;
+        }
         let response = self.transport.send(head, &call).await?;
         let status = response.status();
         let retry_after = retry_after(response.headers());
@@ -286,6 +294,46 @@ impl ChatPost {
                 "its body is not a chat completion ({err}); it starts: {start:?}"
             ))
         })
+    }
+}
+
+impl ChatPost {
+    /// The answer as the provider streams it: a failure's status and body as ever, a
+    /// success's events read as they come (`stream.rs`).
+    async fn streamed(
+        &self,
+        head: impl Fn() -> Request<()>,
+        call: &ModelCall,
+        live: &LiveText,
+    ) -> Result<ChatResponse, ModelError> {
+        // From before the request goes: a timeout or a failure at any point says Broken.
+        let attempt = live.attempt();
+        let response = self.transport.open(head, call).await?;
+        let status = response.status();
+        if !status.is_success() {
+            let retry_after = retry_after(response.headers());
+            let mut body = Vec::new();
+            let mut pieces = response.into_body();
+            while let Some(piece) = futures_util::StreamExt::next(&mut pieces).await {
+                body.extend_from_slice(&piece?);
+            }
+            let (code, message) = error_fields(status.as_u16(), &body);
+            return Err(ModelError::new(ModelErrorKind::Status {
+                status: status.as_u16(),
+                code,
+                message,
+                retry_after,
+            }));
+        }
+        let answer = stream::read(response.into_body(), attempt).await;
+        tracing::debug!(
+            round = call.round,
+            attempt = call.attempt,
+            status = status.as_u16(),
+            answer = ?answer,
+            "model response (streamed)"
+        );
+        answer
     }
 }
 

@@ -6,9 +6,11 @@ pub mod call;
 pub mod chain;
 pub mod client;
 pub mod error;
+pub mod live;
 pub mod observe;
 pub mod retry;
 pub mod scripted;
+mod stream;
 pub mod transport;
 pub mod wire;
 
@@ -17,5 +19,6 @@ pub use call::ModelCall;
 pub use chain::ModelChain;
 pub use client::{ClientSettings, Completion, ModelClient, ModelEndpoint};
 pub use error::{ModelError, ModelErrorKind, Stop};
+pub use live::{LiveOps, LiveText};
 pub use retry::{RequestRetry, RequestRetrySettings};
 pub use transport::TransportSettings;

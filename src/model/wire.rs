@@ -16,6 +16,71 @@ pub struct ChatRequest {
     /// for thousands of tokens.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub max_tokens: Option<u32>,
+    /// Asks for the answer as Server-Sent Events of [`ChatChunk`]s: only when someone
+    /// watches the operation (docs/streaming.md); left out otherwise.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub stream: bool,
+    /// With `stream`: `{"include_usage": true}`, the tokens in a last chunk.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub stream_options: Option<StreamOptions>,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct StreamOptions {
+    #[serde(default)]
+    pub include_usage: bool,
+}
+
+/// One Server-Sent Event of a streamed answer (`object: "chat.completion.chunk"`).
+#[derive(Clone, Debug, Default, Serialize, Deserialize)]
+pub struct ChatChunk {
+    #[serde(default)]
+    pub choices: Vec<ChunkChoice>,
+    /// In the last chunk (its `choices` empty) when `include_usage` was asked for.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub usage: Option<TokenUsage>,
+    /// A provider's failure after the stream began (OpenAI, vLLM send it as a chunk).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub error: Option<serde_json::Value>,
+}
+
+#[derive(Clone, Debug, Default, Serialize, Deserialize)]
+pub struct ChunkChoice {
+    #[serde(default)]
+    pub index: u32,
+    #[serde(default)]
+    pub delta: ChunkDelta,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub finish_reason: Option<String>,
+}
+
+#[derive(Clone, Debug, Default, Serialize, Deserialize)]
+pub struct ChunkDelta {
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub content: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tool_calls: Option<Vec<ToolCallDelta>>,
+}
+
+/// A piece of one tool call: the call is the one at `index`; its `id`, `type` and name
+/// come in its first piece, its arguments' JSON text in pieces to be joined.
+#[derive(Clone, Debug, Default, Serialize, Deserialize)]
+pub struct ToolCallDelta {
+    pub index: usize,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub id: Option<String>,
+    #[serde(rename = "type", default, skip_serializing_if = "Option::is_none")]
+    pub kind: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub function: Option<FunctionDelta>,
+}
+
+#[derive(Clone, Debug, Default, Serialize, Deserialize)]
+pub struct FunctionDelta {
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub name: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub arguments: Option<String>,
 }
 
 fn no_tools(tools: &[ToolSpec]) -> bool {
@@ -259,6 +324,8 @@ mod tests {
             }],
             tools,
             max_tokens: Some(5),
+            stream: false,
+            stream_options: None,
         };
         let offered = serde_json::to_string(&request(Tools::Offered(list))).unwrap();
         assert_eq!(

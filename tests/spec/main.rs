@@ -23,6 +23,7 @@ mod outage;
 mod overload;
 mod process;
 mod provider;
+mod provider_stream;
 mod real_server_answers;
 mod refund_faults;
 mod refund_provider;

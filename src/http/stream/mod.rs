@@ -8,6 +8,7 @@
 //! stream only reads: a stream that goes away stops nothing.
 
 pub mod events;
+mod live;
 
 use std::convert::Infallible;
 use std::time::{Duration, Instant};
@@ -20,6 +21,7 @@ use tokio::sync::{mpsc, oneshot};
 use tokio::task::JoinHandle;
 
 pub use events::{AgUiEvent, Position};
+use live::{Live, Waited};
 
 use super::admission::Slot;
 use super::answer::HttpAnswer;
@@ -134,6 +136,7 @@ async fn follow(tail: Tail, mut finish: Finish, tx: mpsc::Sender<Event>) {
     };
     let lease = tail.app.settings().idempotency.lease;
     let mut lapsed_since: Option<Instant> = None;
+    let mut live = Live::watch(tail.app.live(), &tail.owner, &tail.key);
     loop {
         // Whether it ended is asked first: what an ended operation did is journaled.
         let ended = match &mut finish {
@@ -174,35 +177,57 @@ async fn follow(tail: Tail, mut finish: Finish, tx: mpsc::Sender<Event>) {
                 continue;
             }
         };
-        for entry in &entries {
-            for event in events::of_step(&tail.thread_id, entry) {
-                if let Some(id) = event.id.filter(|id| *id > at) {
-                    at = id;
-                    if tx.send(sse(&event)).await.is_err() {
-                        return;
-                    }
-                }
+        // Live text (id-less) comes between the journal's events: see live.rs.
+        // The journal's events, with the live text sent meanwhile fitted in (live.rs),
+        // then the live text that may go now.
+        let mut events: Vec<AgUiEvent> = (entries.iter())
+            .flat_map(|entry| live.of_step(&tail.thread_id, entry))
+            .collect();
+        events.extend(live.flush(&tail.thread_id));
+        for event in &events {
+            match event.id {
+                Some(id) if id <= at => continue,
+                Some(id) => at = id,
+                None => {}
+            }
+            if tx.send(sse(event)).await.is_err() {
+                return;
             }
         }
         if let Some((status, body)) = ended {
             let call = events::waiting_call(&entries);
             let last = events::last(&tail.thread_id, &tail.run_id, status, &body, call);
-            let _ = tx.send(sse(&last)).await;
+            for event in live.close().iter().chain([&last]) {
+                if tx.send(sse(event)).await.is_err() {
+                    return;
+                }
+            }
             return;
         }
+        let thread = &tail.thread_id;
         match &mut finish {
-            Finish::Task(run) => tokio::select! {
-                _ = tokio::time::sleep(POLL) => {}
-                done = run => {
-                    let (status, body) = answer_of(done).await;
-                    finish = Finish::Answered(status, body);
+            Finish::Task(run) => {
+                let waited = live.relay(thread, &tx, async {
+                    tokio::select! {
+                        _ = tokio::time::sleep(POLL) => None,
+                        done = run => Some(done),
+                    }
+                });
+                match waited.await {
+                    Waited::Gone => return,
+                    Waited::Done(None) | Waited::Behind => {}
+                    Waited::Done(Some(done)) => {
+                        let (status, body) = answer_of(done).await;
+                        finish = Finish::Answered(status, body);
+                    }
                 }
-                () = tx.closed() => return,
-            },
-            Finish::Record => tokio::select! {
-                _ = tokio::time::sleep(POLL) => {}
-                () = tx.closed() => return,
-            },
+            }
+            Finish::Record => {
+                let waited = live.relay(thread, &tx, tokio::time::sleep(POLL));
+                if let Waited::Gone = waited.await {
+                    return;
+                }
+            }
             Finish::Answered(..) => {}
         }
     }
@@ -320,10 +345,13 @@ where
         let _ = began.send(());
         work(lease, slot)
     };
-    // A task of its own: the operation goes on whatever happens to the stream.
+    // A task of its own: the operation goes on whatever happens to the stream. Watched
+    // while it runs: its answers are streamed, their text sent as it comes (live.rs).
     let run = {
         let (app, caller, key) = (app.clone(), caller.clone(), key.clone());
+        let watched = app.live().open(&caller, key.as_str());
         tokio::spawn(async move {
+            let _watched = watched;
             Box::pin(idempotent::once(&app, &caller, &key, &fingerprint, work)).await
         })
     };

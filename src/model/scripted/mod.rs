@@ -6,7 +6,8 @@
 //! message, then confirm in one sentence) unless told to misbehave: a fault plan makes
 //! chosen rounds fail with a status, hang, drop the connection, answer slowly, answer
 //! garbage, ask for the wrong charge, answer in the forms real servers use, or replay an
-//! answer a real server gave.
+//! answer a real server gave. Asked `stream: true`, it streams its answer as real servers
+//! do (`streamed`), and a fault can break the stream mid-answer or never end it.
 //!
 //! A fault plan is a comma-separated list of `FAULT[@ROUND][xTIMES][%PERCENT]`:
 //! `timeout@2x3` hangs the first three requests of round 2 (round 1 is the first request
@@ -18,6 +19,7 @@
 mod plan;
 mod script;
 mod server;
+mod streamed;
 
 use std::net::SocketAddr;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -74,6 +76,7 @@ impl ScriptedModel {
             input_tokens: AtomicU64::new(0),
             output_tokens: AtomicU64::new(0),
             http2_requests: AtomicU64::new(0),
+            streamed_requests: AtomicU64::new(0),
             connections: AtomicU64::new(0),
             by_round: Mutex::new(Vec::new()),
             arrivals: Mutex::new(Vec::new()),
@@ -117,6 +120,11 @@ impl ScriptedModel {
     /// Chat-completions requests that came over HTTP/2.
     pub fn requests_over_http2(&self) -> u64 {
         self.state.http2_requests.load(Ordering::SeqCst)
+    }
+
+    /// Chat-completions requests that asked for a streamed answer (`stream: true`).
+    pub fn streamed_requests(&self) -> u64 {
+        self.state.streamed_requests.load(Ordering::SeqCst)
     }
 
     /// Requests received so far for round `round` (1-based).

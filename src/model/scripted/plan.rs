@@ -25,6 +25,11 @@ pub enum Fault {
     Slow(Duration),
     /// Answer 200 with a body that is not JSON.
     Malformed,
+    /// Send the first half of the answer (of a stream: its role and the first half of
+    /// its text's pieces), then drop the connection.
+    BreakStream,
+    /// Answer 200 with text that never ends (a stream's pieces, or a JSON body's string).
+    EndlessStream,
     /// Ask to charge another order than the user named.
     WrongOrder,
     /// Ask to charge another amount than the user named.
@@ -142,7 +147,8 @@ pub struct FaultRule {
 
 impl Fault {
     /// Parses one fault: `503`, `503+retry-after=2`, `503+retry-after-date=2`, `429+quota`,
-    /// `timeout`, `close`, `slow=1500`, `malformed`, `wrong-order`, `wrong-amount`,
+    /// `timeout`, `close`, `slow=1500`, `malformed`, `break-stream`, `endless-stream`,
+    /// `wrong-order`, `wrong-amount`,
     /// `double-charge`, `recharge` (alias `never-stop`), `no-charge`, `unknown-tool`,
     /// `bad-arguments`, `missing-field`, `numeric-amount`, `confirm-first`, `double-confirm`, `replay=PATH` (a `curl -i`
     /// recording; the path has no `@`, `+` or `,`), and the quirks `empty-content`,
@@ -192,6 +198,8 @@ impl Fault {
                 "timeout" => Fault::Timeout,
                 "close" => Fault::Close,
                 "malformed" => Fault::Malformed,
+                "break-stream" => Fault::BreakStream,
+                "endless-stream" => Fault::EndlessStream,
                 "wrong-order" => Fault::WrongOrder,
                 "wrong-amount" => Fault::WrongAmount,
                 "double-charge" => Fault::DoubleCharge,

@@ -6,7 +6,10 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant, SystemTime};
 
 use bytes::Bytes;
-use http_body_util::{BodyExt, Full};
+use futures_util::StreamExt;
+use http_body_util::combinators::BoxBody;
+use http_body_util::{BodyExt, Full, StreamBody};
+use hyper::body::Frame;
 use hyper::body::Incoming;
 use hyper::header::{AUTHORIZATION, CONTENT_TYPE, RETRY_AFTER};
 use hyper::service::service_fn;
@@ -18,6 +21,7 @@ use tokio::net::TcpListener;
 
 use super::plan::{Fault, FaultRule, Pick, Recording, RetryAfter, pick_fault};
 use super::script::assistant_answer;
+use super::streamed;
 use crate::model::wire::{ChatRequest, Message};
 
 pub(super) struct State {
@@ -27,6 +31,8 @@ pub(super) struct State {
     pub(super) input_tokens: AtomicU64,
     pub(super) output_tokens: AtomicU64,
     pub(super) http2_requests: AtomicU64,
+    /// Chat-completions requests that asked `stream: true`.
+    pub(super) streamed_requests: AtomicU64,
     pub(super) connections: AtomicU64,
     pub(super) by_round: Mutex<Vec<u64>>,
     pub(super) arrivals: Mutex<Vec<Instant>>,
@@ -62,9 +68,9 @@ pub(super) async fn accept_loop(listener: TcpListener, state: Arc<State>) {
     }
 }
 
-/// Returned by the service to make hyper drop the connection without an answer.
+/// Returned by the service (or a streamed body) to make hyper drop the connection.
 #[derive(Debug)]
-struct CloseConnection;
+pub(super) struct CloseConnection;
 
 impl std::fmt::Display for CloseConnection {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
@@ -74,7 +80,11 @@ impl std::fmt::Display for CloseConnection {
 
 impl std::error::Error for CloseConnection {}
 
-type Reply = Response<Full<Bytes>>;
+type Reply = Response<BoxBody<Bytes, CloseConnection>>;
+
+fn full(bytes: impl Into<Bytes>) -> BoxBody<Bytes, CloseConnection> {
+    BoxBody::new(Full::new(bytes.into()).map_err(|never| match never {}))
+}
 
 async fn handle(state: Arc<State>, request: Request<Incoming>) -> Result<Reply, CloseConnection> {
     let path = request.uri().path();
@@ -148,6 +158,9 @@ async fn completions(state: &State, request: Request<Incoming>) -> Result<Reply,
             ));
         }
     };
+    if chat.stream {
+        state.streamed_requests.fetch_add(1, Ordering::SeqCst);
+    }
     let round = chat
         .messages
         .iter()
@@ -219,13 +232,18 @@ async fn completions(state: &State, request: Request<Incoming>) -> Result<Reply,
         Some(Fault::Malformed) => Ok(Response::builder()
             .status(StatusCode::OK)
             .header(CONTENT_TYPE, "application/json")
-            .body(Full::new(Bytes::from_static(
-                b"{\"choices\": [{\"message\": ",
-            )))
+            .body(full(Bytes::from_static(b"{\"choices\": [{\"message\": ")))
             .expect("a valid response")),
+        Some(Fault::EndlessStream) => Ok(streamed_answer(if chat.stream {
+            streamed::endless(&chat)
+        } else {
+            endless_json()
+        })),
         Some(Fault::Replay(recording)) => Ok(replayed(&recording)),
         other => {
-            let answer = assistant_answer(&chat, number, other, &quirks);
+            let broken = other == Some(Fault::BreakStream);
+            let fault = other.filter(|_| !broken);
+            let answer = assistant_answer(&chat, number, fault, &quirks);
             let tokens = |name: &str| answer["usage"][name].as_u64().unwrap_or(0);
             state
                 .input_tokens
@@ -233,7 +251,23 @@ async fn completions(state: &State, request: Request<Incoming>) -> Result<Reply,
             state
                 .output_tokens
                 .fetch_add(tokens("completion_tokens"), Ordering::SeqCst);
-            Ok(json_answer(StatusCode::OK, &answer))
+            Ok(match (chat.stream, broken) {
+                (true, _) => {
+                    streamed_answer(streamed::body(streamed::pieces(&chat, &answer), broken))
+                }
+                // Half the JSON body, then the connection dropped.
+                (false, true) => {
+                    let text = answer.to_string();
+                    let half = text.len() / 2;
+                    let halves = vec![text[..half].to_owned(), text[half..].to_owned()];
+                    let mut reply = streamed_answer(streamed::body(halves, true));
+                    reply
+                        .headers_mut()
+                        .insert(CONTENT_TYPE, "application/json".parse().expect("valid"));
+                    reply
+                }
+                (false, false) => json_answer(StatusCode::OK, &answer),
+            })
         }
     }
 }
@@ -246,7 +280,7 @@ fn replayed(recording: &Recording) -> Reply {
         answer = answer.header(CONTENT_TYPE, content_type);
     }
     answer
-        .body(Full::new(Bytes::from(recording.body.clone())))
+        .body(full(recording.body.clone()))
         .expect("a valid response")
 }
 
@@ -254,8 +288,26 @@ fn json_answer(status: StatusCode, body: &serde_json::Value) -> Reply {
     Response::builder()
         .status(status)
         .header(CONTENT_TYPE, "application/json")
-        .body(Full::new(Bytes::from(body.to_string())))
+        .body(full(body.to_string()))
         .expect("a valid response")
+}
+
+fn streamed_answer(body: BoxBody<Bytes, CloseConnection>) -> Reply {
+    Response::builder()
+        .status(StatusCode::OK)
+        .header(CONTENT_TYPE, "text/event-stream")
+        .body(body)
+        .expect("a valid response")
+}
+
+/// A chat completion whose text never ends.
+fn endless_json() -> BoxBody<Bytes, CloseConnection> {
+    let start = Bytes::from_static(b"{\"choices\": [{\"message\": {\"content\": \"");
+    let more = Bytes::from_static(b"and on and on ");
+    let frames = futures_util::stream::once(std::future::ready(start))
+        .chain(futures_util::stream::repeat(more))
+        .map(|bytes| Ok(Frame::data(bytes)));
+    BoxBody::new(StreamBody::new(frames))
 }
 
 fn error_answer(status: StatusCode, code: &str, message: &str) -> Reply {

@@ -23,7 +23,9 @@ use hyper::{Request, Response};
 use tokio::sync::{Notify, oneshot};
 use tokio::task::JoinHandle;
 
-use super::{CONNECTIONS, MAX_H2C_CONNECTIONS, TransportSettings, check_head, over_bound, tcp};
+use super::{
+    CONNECTIONS, Chunks, MAX_H2C_CONNECTIONS, TransportSettings, check_head, over_bound, tcp,
+};
 use crate::model::call::ModelCall;
 use crate::model::error::ModelError;
 
@@ -97,6 +99,59 @@ impl H2c {
         call: &ModelCall,
         limit: usize,
     ) -> Result<Response<Bytes>, ModelError> {
+        let (_taken, head, incoming) = self.answer(head, call, limit).await?;
+        let body = read(incoming, limit).await?;
+        Ok(Response::from_parts(head, body))
+    }
+
+    /// As [`send`](Self::send), the body handed over piece by piece as it comes, within
+    /// `limit` bytes in all; the stream is held (taken) until the pieces are dropped.
+    pub async fn open(
+        &self,
+        head: impl Fn() -> Request<()>,
+        call: &ModelCall,
+        limit: usize,
+    ) -> Result<Response<Chunks>, ModelError> {
+        let (taken, head, incoming) = self.answer(head, call, limit).await?;
+        let pieces = futures_util::stream::unfold(
+            (taken, incoming, 0usize),
+            move |(taken, mut incoming, read)| async move {
+                let chunk = match incoming.data().await? {
+                    Ok(chunk) => chunk,
+                    Err(err) => {
+                        return Some((
+                            Err(ModelError::transport(err)),
+                            (taken, incoming, usize::MAX),
+                        ));
+                    }
+                };
+                let _ = incoming.flow_control().release_capacity(chunk.len());
+                let read = read.saturating_add(chunk.len());
+                if read > limit {
+                    // Past the bound: the stream is reset as it is dropped.
+                    return Some((Err(over_bound(limit)), (taken, incoming, read)));
+                }
+                Some((Ok(chunk), (taken, incoming, read)))
+            },
+        );
+        // Nothing more is read after an error.
+        let pieces = futures_util::StreamExt::scan(pieces, false, |failed, piece| {
+            let out = (!*failed).then(|| {
+                *failed = piece.is_err();
+                piece
+            });
+            std::future::ready(out)
+        });
+        Ok(Response::from_parts(head, Box::pin(pieces) as Chunks))
+    }
+
+    /// The answer's head and its body unread, on the stream taken for it.
+    async fn answer(
+        &self,
+        head: impl Fn() -> Request<()>,
+        call: &ModelCall,
+        limit: usize,
+    ) -> Result<(Taken, hyper::http::response::Parts, RecvStream), ModelError> {
         // As hyper's client writes it: some servers want it even over HTTP/2.
         let length = HeaderValue::from(call.body.len());
         let head = || {
@@ -110,8 +165,7 @@ impl H2c {
             match self.exchange(&taken, head(), call).await {
                 Ok((head, incoming)) => {
                     check_head(head.status.as_u16(), &head.headers, limit)?;
-                    let body = read(incoming, limit).await?;
-                    return Ok(Response::from_parts(head, body));
+                    return Ok((taken, head, incoming));
                 }
                 Err(Unanswered { err, unseen }) => {
                     // Refused before the server looked at it (REFUSED_STREAM, above a

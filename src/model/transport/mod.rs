@@ -18,10 +18,12 @@
 
 mod h2c;
 
+use std::pin::Pin;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
 
 use bytes::Bytes;
+use futures_util::{Stream, TryStreamExt};
 use http_body_util::{BodyExt, Full, Limited};
 use hyper::header::{CONTENT_ENCODING, CONTENT_LENGTH, HeaderMap, LOCATION};
 use hyper::{Request, Response, Uri};
@@ -155,31 +157,11 @@ impl Transport {
         call: &ModelCall,
     ) -> Result<Response<Bytes>, ModelError> {
         let limit = self.max_answer_bytes;
-        let body = call.body.clone();
-        let (clients, next, fresh) = match &self.wire {
+        let incoming = match &self.wire {
             Wire::H2c(h2c) => return h2c.send(head, call, limit).await,
-            Wire::Pooled {
-                clients,
-                next,
-                fresh,
-            } => (clients, next, fresh),
+            Wire::Pooled { .. } => self.pooled(head, call).await?,
         };
-        call.on_wire();
-        let http = &clients[next.fetch_add(1, Ordering::Relaxed) % clients.len()];
-        let request = head().map(|()| Full::new(body.clone()));
-        let response = match http.request(request).await {
-            Ok(response) => response,
-            Err(err) if dropped_unanswered(&err) => {
-                tracing::debug!(error = %err, "the model connection ended before any byte of an answer (the keep-alive race, or a dropped connection); sending the request again on a new connection");
-                call.sending();
-                fresh
-                    .request(head().map(|()| Full::new(body)))
-                    .await
-                    .map_err(pooled_error)?
-            }
-            Err(err) => return Err(pooled_error(err)),
-        };
-        let (head, incoming) = response.into_parts();
+        let (head, incoming) = incoming.into_parts();
         check_head(head.status.as_u16(), &head.headers, limit)?;
         let body = Limited::new(incoming, limit)
             .collect()
@@ -188,7 +170,65 @@ impl Transport {
             .to_bytes();
         Ok(Response::from_parts(head, body))
     }
+
+    /// As [`send`](Self::send), but the answer's body is handed over as it comes, in
+    /// the pieces it comes in (a streamed answer, `stream: true`): the bound holds for the
+    /// whole of it, the pieces counted as they come; past it the stream fails as a whole
+    /// answer over the bound does.
+    pub async fn open(
+        &self,
+        head: impl Fn() -> Request<()>,
+        call: &ModelCall,
+    ) -> Result<Response<Chunks>, ModelError> {
+        let limit = self.max_answer_bytes;
+        let incoming = match &self.wire {
+            Wire::H2c(h2c) => return h2c.open(head, call, limit).await,
+            Wire::Pooled { .. } => self.pooled(head, call).await?,
+        };
+        let (head, incoming) = incoming.into_parts();
+        check_head(head.status.as_u16(), &head.headers, limit)?;
+        let chunks = Limited::new(incoming, limit)
+            .into_data_stream()
+            .map_err(move |err| body_error(err, limit));
+        Ok(Response::from_parts(head, Box::pin(chunks) as Chunks))
+    }
+
+    /// The answer's head over hyper-util's pooled client, sent once more on a new
+    /// connection when its connection ended unanswered.
+    async fn pooled(
+        &self,
+        head: impl Fn() -> Request<()>,
+        call: &ModelCall,
+    ) -> Result<Response<hyper::body::Incoming>, ModelError> {
+        let Wire::Pooled {
+            clients,
+            next,
+            fresh,
+        } = &self.wire
+        else {
+            unreachable!("asked of the pooled wire only")
+        };
+        let body = call.body.clone();
+        call.on_wire();
+        let http = &clients[next.fetch_add(1, Ordering::Relaxed) % clients.len()];
+        let request = head().map(|()| Full::new(body.clone()));
+        match http.request(request).await {
+            Ok(response) => Ok(response),
+            Err(err) if dropped_unanswered(&err) => {
+                tracing::debug!(error = %err, "the model connection ended before any byte of an answer (the keep-alive race, or a dropped connection); sending the request again on a new connection");
+                call.sending();
+                fresh
+                    .request(head().map(|()| Full::new(body)))
+                    .await
+                    .map_err(pooled_error)
+            }
+            Err(err) => Err(pooled_error(err)),
+        }
+    }
 }
+
+/// A streamed answer's body, piece by piece, within the bound.
+pub type Chunks = Pin<Box<dyn Stream<Item = Result<Bytes, ModelError>> + Send>>;
 
 /// One pooled client: HTTP/1.1 over `http://`; over `https://` (`tls`) what ALPN picks and
 /// keep-alive PINGs on HTTP/2. `pool`: false for the client whose every request takes a new
