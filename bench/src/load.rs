@@ -49,6 +49,9 @@ pub struct LoadArgs {
     /// file (one a line), each once (figure 11). Records are then
     /// `approvalId<TAB>status<TAB>orderId<TAB>receiptId<TAB>charged`.
     pub approve: Option<PathBuf>,
+    /// Each checkout asks for its events (`Accept: text/event-stream`) and reads the
+    /// stream to its end (figure 12): the answer is the last event's.
+    pub stream: bool,
 }
 
 impl LoadArgs {
@@ -68,6 +71,7 @@ impl LoadArgs {
             honor_retry_after: false,
             keyed: false,
             approve: None,
+            stream: false,
         }
     }
 
@@ -91,6 +95,7 @@ impl LoadArgs {
         load.honor_retry_after = args.flag("--honor-retry-after");
         load.keyed = args.flag("--keyed");
         load.approve = args.value("--approve")?.map(PathBuf::from);
+        load.stream = args.flag("--stream");
         if load.duration_ms.is_none() == load.requests.is_none() {
             return Err("load: give exactly one of --duration-ms and --requests".into());
         }
@@ -136,6 +141,9 @@ impl LoadArgs {
         }
         if let Some(path) = &self.approve {
             out.extend(["--approve".into(), path.display().to_string()]);
+        }
+        if self.stream {
+            out.push("--stream".into());
         }
         out
     }
@@ -206,11 +214,36 @@ pub struct LoadReport {
     pub max_in_flight: u64,
     /// The load generator's own CPU time.
     pub cpu_ms: f64,
+    /// With `--stream`: what the event streams delivered.
+    #[serde(default)]
+    pub stream: Option<StreamReport>,
+}
+
+/// What the event streams of a `--stream` load delivered (figure 12).
+#[derive(Clone, Debug, Default, Serialize, Deserialize)]
+pub struct StreamReport {
+    /// Streams answered 200 (`text/event-stream`).
+    pub streams: u64,
+    /// Streams whose last event is `RUN_FINISHED` with the outcome `success`.
+    pub finished: u64,
+    /// The other streams, by how they ended: `RUN_ERROR <code>`, `RUN_FINISHED
+    /// <outcome>`, `cut after <type>` (no last event), `no events`.
+    pub ended_otherwise: BTreeMap<String, u64>,
+    /// Events received, keep-alive comments not counted.
+    pub events: u64,
+    /// From the first request sent to the last event received, in ms.
+    pub span_ms: f64,
+    /// From a request sent to its first event.
+    pub first_event: Percentiles,
+    /// From a request sent to its last event.
+    pub last_event: Percentiles,
 }
 
 struct Sample {
     start_us: u64,
     end_us: u64,
+    /// `--stream`: when its first event came, how many it got, how it ended.
+    stream: Option<Streamed>,
     status: u16,
     /// The problem body's `code`, for an answer other than 200 that has one.
     code: Option<String>,
@@ -363,6 +396,7 @@ async fn run(load: LoadArgs) -> Result<LoadReport, String> {
         latency: Percentiles::of(all),
         max_in_flight: shared.max_in_flight.load(Ordering::Relaxed),
         cpu_ms: (cpu_after - cpu_before).as_secs_f64() * 1000.0,
+        stream: load.stream.then(|| stream_report(&samples)),
     })
 }
 
@@ -432,7 +466,21 @@ async fn work(
         if load.keyed {
             request = request.header("idempotency-key", order.as_str());
         }
+        if load.stream {
+            request = request.header(reqwest::header::ACCEPT, "text/event-stream");
+        }
+        let mut streamed = None;
         let answer = match request.send().await {
+            Ok(response) if load.stream && is_event_stream(&response) => {
+                let status = response.status().as_u16();
+                match read_stream(response, start).await {
+                    Ok((stream, body)) => {
+                        streamed = Some(stream);
+                        Ok((status, None, body.into()))
+                    }
+                    Err(err) => Err(err),
+                }
+            }
             Ok(response) => {
                 let status = response.status().as_u16();
                 let retry_after = response
@@ -494,6 +542,7 @@ async fn work(
         samples.push(Sample {
             start_us: (sent - start).as_micros() as u64,
             end_us: (ended - start).as_micros() as u64,
+            stream: streamed,
             status,
             code,
         });
@@ -505,6 +554,103 @@ async fn work(
         }
     }
     samples
+}
+
+/// What one event stream delivered.
+#[derive(Debug, Default)]
+struct Streamed {
+    /// When its first and last events came, in µs since the load's start.
+    first_us: Option<u64>,
+    last_us: Option<u64>,
+    events: u64,
+    /// `None`: its last event is `RUN_FINISHED` with the outcome `success`; else how it
+    /// ended (a key of [`StreamReport::ended_otherwise`]).
+    ended: Option<String>,
+}
+
+fn is_event_stream(response: &reqwest::Response) -> bool {
+    response
+        .headers()
+        .get(reqwest::header::CONTENT_TYPE)
+        .and_then(|v| v.to_str().ok())
+        .is_some_and(|v| v.starts_with("text/event-stream"))
+}
+
+/// Reads a stream of Server-Sent Events to its end: what it delivered, and the body the
+/// JSON form would have answered (`RUN_FINISHED`'s `result`), else its last event.
+async fn read_stream(
+    mut response: reqwest::Response,
+    start: Instant,
+) -> Result<(Streamed, Vec<u8>), String> {
+    let mut streamed = Streamed::default();
+    let mut buffer: Vec<u8> = Vec::new();
+    let mut last = String::new();
+    while let Some(chunk) = response
+        .chunk()
+        .await
+        .map_err(|e| format!("reading the stream: {e}"))?
+    {
+        let now = start.elapsed().as_micros() as u64;
+        buffer.extend_from_slice(&chunk);
+        while let Some(end) = buffer.windows(2).position(|w| w == b"\n\n") {
+            let event: Vec<u8> = buffer.drain(..end + 2).collect();
+            let text = String::from_utf8_lossy(&event);
+            let data: Vec<&str> = text
+                .lines()
+                .filter_map(|l| l.strip_prefix("data:"))
+                .map(|d| d.strip_prefix(' ').unwrap_or(d))
+                .collect();
+            // A comment (the keep-alive) has no data.
+            if data.is_empty() {
+                continue;
+            }
+            streamed.events += 1;
+            streamed.first_us.get_or_insert(now);
+            streamed.last_us = Some(now);
+            last = data.join("\n");
+        }
+    }
+    let event: serde_json::Value = serde_json::from_str(&last).unwrap_or_default();
+    let text = |pointer: &str| event.pointer(pointer).and_then(|v| v.as_str());
+    streamed.ended = match (text("/type"), text("/outcome/type")) {
+        (Some("RUN_FINISHED"), Some("success")) => None,
+        (Some("RUN_FINISHED"), outcome) => Some(format!("RUN_FINISHED {}", outcome.unwrap_or("-"))),
+        (Some("RUN_ERROR"), _) => Some(format!("RUN_ERROR {}", text("/code").unwrap_or("-"))),
+        (Some(other), _) => Some(format!("cut after {other}")),
+        (None, _) if streamed.events == 0 => Some("no events".into()),
+        (None, _) => Some("cut after an event without a type".into()),
+    };
+    let body = match event.get("result") {
+        Some(result) => serde_json::to_vec(result).unwrap_or_default(),
+        None => last.into_bytes(),
+    };
+    Ok((streamed, body))
+}
+
+/// The streams' figures of a `--stream` load.
+fn stream_report(samples: &[Sample]) -> StreamReport {
+    let mut report = StreamReport::default();
+    let (mut first, mut last) = (Vec::new(), Vec::new());
+    let (mut begin, mut end) = (u64::MAX, 0);
+    for s in samples {
+        begin = begin.min(s.start_us);
+        let Some(stream) = &s.stream else { continue };
+        report.streams += 1;
+        report.events += stream.events;
+        match &stream.ended {
+            None => report.finished += 1,
+            Some(how) => *report.ended_otherwise.entry(how.clone()).or_insert(0) += 1,
+        }
+        if let (Some(f), Some(l)) = (stream.first_us, stream.last_us) {
+            first.push(f.saturating_sub(s.start_us));
+            last.push(l.saturating_sub(s.start_us));
+            end = end.max(l);
+        }
+    }
+    report.span_ms = end.saturating_sub(begin.min(end)) as f64 / 1000.0;
+    report.first_event = Percentiles::of(first);
+    report.last_event = Percentiles::of(last);
+    report
 }
 
 fn record(order: &str, status: u16, body: &[u8]) -> String {
