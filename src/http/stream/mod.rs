@@ -2,10 +2,13 @@
 //! text/event-stream` on `POST /checkout`, `POST /agui`, and the resumption
 //! `GET /operations/{operationKey}/events` with `Last-Event-ID`.
 //!
-//! Every stream is read from the journal, whichever instance runs the operation: a short
-//! poll of its rows (and of its record, for the end), so the events a reconnect replays
-//! and those it sees live are the same rows, in the same order, with the same ids. The
-//! stream only reads: a stream that goes away stops nothing.
+//! Every stream is read from the journal, whichever instance runs the operation, so the
+//! events a reconnect replays and those it sees live are the same rows, in the same
+//! order, with the same ids. It reads again when woken: by the commit of one of the
+//! operation's rows in this process (`journal::wake`) or the end of its task here; an
+//! operation running elsewhere wakes nothing here, so its streams also poll (its rows,
+//! and its record for the end). The stream only reads: a stream that goes away stops
+//! nothing.
 
 pub mod events;
 
@@ -45,8 +48,14 @@ pub struct StreamEvent {
     data: String,
 }
 
-/// How often a stream reads its operation's journal and record.
+/// How often a stream of an operation that runs elsewhere ([`Finish::Record`]) reads
+/// its journal and record, woken or not.
 pub const POLL: Duration = Duration::from_millis(100);
+
+/// How often a stream of an operation whose task runs here ([`Finish::Task`]) reads its
+/// journal unwoken: only if another instance took the operation over (its rows then
+/// commit there, and wake nothing here) does a read find what no wake-up announced.
+pub const SAFETY_POLL: Duration = Duration::from_secs(5);
 
 /// Whether the request asks for the event stream (`Accept: text/event-stream`).
 pub fn wanted(headers: &HeaderMap) -> bool {
@@ -134,36 +143,53 @@ async fn follow(tail: Tail, mut finish: Finish, tx: mpsc::Sender<Event>) {
     };
     let lease = tail.app.settings().idempotency.lease;
     let mut lapsed_since: Option<Instant> = None;
+    let follow = tail.app.db().wake().follow(&tail.owner, &tail.key);
+    let mut entries = Vec::new();
+    // Nothing committed here since the last read, and the operation ran here: its rows
+    // are those read (set when its task ends unwoken).
+    let mut unchanged = false;
     loop {
+        // Enabled before the reads: a row that commits during them wakes the wait below.
+        let woken = follow.notified();
+        tokio::pin!(woken);
+        woken.as_mut().enable();
         // Whether it ended is asked first: what an ended operation did is journaled.
         let ended = match &mut finish {
             Finish::Task(_) => None,
             Finish::Answered(status, body) => Some((*status, std::mem::take(body))),
-            Finish::Record => match tail.app.records().status(&tail.owner, &tail.key).await {
-                Ok(Some(Ok(saved))) => Some((saved.status, saved.body)),
-                Ok(Some(Err(left))) if left.is_zero() => {
-                    // Released or lapsed: a retry or the recovery sweep may take it over.
-                    let since = *lapsed_since.get_or_insert_with(Instant::now);
-                    (since.elapsed() > lease * 2).then(|| problem(
+            // Boxed, as the journal's read below: inline, each would make the stream's task as
+            // large as itself for its whole life.
+            Finish::Record => {
+                match Box::pin(tail.app.records().status(&tail.owner, &tail.key)).await {
+                    Ok(Some(Ok(saved))) => Some((saved.status, saved.body)),
+                    Ok(Some(Err(left))) if left.is_zero() => {
+                        // Released or lapsed: a retry or the recovery sweep may take it over.
+                        let since = *lapsed_since.get_or_insert_with(Instant::now);
+                        (since.elapsed() > lease * 2).then(|| problem(
                         Code::Unavailable,
                         "the operation stopped before its answer; repeat its request with the same Idempotency-Key to resume it".into(),
                     ))
+                    }
+                    Ok(Some(Err(_))) => {
+                        lapsed_since = None;
+                        None
+                    }
+                    Ok(None) => Some(problem(
+                        Code::NotFound,
+                        format!("there is no operation {:?}", tail.key),
+                    )),
+                    Err(err) => {
+                        tracing::warn!(error = %err, "a stream cannot read its operation's record; trying again");
+                        None
+                    }
                 }
-                Ok(Some(Err(_))) => {
-                    lapsed_since = None;
-                    None
-                }
-                Ok(None) => Some(problem(
-                    Code::NotFound,
-                    format!("there is no operation {:?}", tail.key),
-                )),
-                Err(err) => {
-                    tracing::warn!(error = %err, "a stream cannot read its operation's record; trying again");
-                    None
-                }
-            },
+            }
         };
-        let entries = match crate::journal::read(tail.app.db(), &tail.owner, &tail.key).await {
+        let read = match unchanged {
+            true => Ok(std::mem::take(&mut entries)),
+            false => Box::pin(crate::journal::read(tail.app.db(), &tail.owner, &tail.key)).await,
+        };
+        entries = match read {
             Ok(entries) => entries,
             Err(err) => {
                 tracing::warn!(error = %err, "a stream cannot read its operation's journal; trying again");
@@ -192,14 +218,19 @@ async fn follow(tail: Tail, mut finish: Finish, tx: mpsc::Sender<Event>) {
         }
         match &mut finish {
             Finish::Task(run) => tokio::select! {
-                _ = tokio::time::sleep(POLL) => {}
+                () = &mut woken => {}
+                _ = tokio::time::sleep(SAFETY_POLL) => {}
                 done = run => {
+                    // Its rows all committed before its task ended, each commit waking
+                    // `woken`: unwoken, the last read has them all.
+                    unchanged = futures_util::FutureExt::now_or_never(woken.as_mut()).is_none();
                     let (status, body) = answer_of(done).await;
                     finish = Finish::Answered(status, body);
                 }
                 () = tx.closed() => return,
             },
             Finish::Record => tokio::select! {
+                () = &mut woken => {}
                 _ = tokio::time::sleep(POLL) => {}
                 () = tx.closed() => return,
             },

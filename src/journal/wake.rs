@@ -1,0 +1,170 @@
+//! Wake-ups for the streams of this process: when an operation's journal rows commit
+//! here, the streams that follow that operation here are told at once, instead of each
+//! reading the journal on a timer (docs/streaming.md, "How a stream follows the journal").
+//!
+//! A stream registers for its operation ([`Wake::follow`]) and waits on its
+//! [`Follow::notified`]; whoever commits journal rows of an operation (the journal's group
+//! writer, the receipts' group insert that commits the charge's row, a refund's
+//! transaction) calls [`Wake::committed`] after the commit. Only in-process: rows that
+//! another instance commits wake nothing here, so a stream of an operation running
+//! elsewhere still polls.
+//!
+//! Operations are told apart by a hash of (caller, operation key): no key is copied to
+//! look one up, and two operations whose hashes collide only wake each other's streams
+//! for nothing (a wake-up is a read of the journal, never an event of its own).
+
+use std::collections::HashMap;
+use std::hash::{BuildHasher, Hash, Hasher};
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
+
+use tokio::sync::Notify;
+use tokio::sync::futures::Notified;
+
+use super::NewEntry;
+
+/// The registry of one service's streams (one per [`crate::db::Database`]).
+#[derive(Debug, Default)]
+pub struct Wake {
+    followed: Mutex<HashMap<u64, Arc<Notify>>>,
+    /// How many streams follow anything: a commit with none to tell takes no lock.
+    followers: AtomicUsize,
+    hasher: std::hash::RandomState,
+}
+
+impl Wake {
+    fn hash(&self, caller: &str, operation_key: &str) -> u64 {
+        let mut hasher = self.hasher.build_hasher();
+        (caller, operation_key).hash(&mut hasher);
+        hasher.finish()
+    }
+
+    /// Registers a stream of `caller`'s operation `operation_key`, until the [`Follow`]
+    /// is dropped.
+    pub fn follow(self: &Arc<Self>, caller: &str, operation_key: &str) -> Follow {
+        let id = self.hash(caller, operation_key);
+        let notify = self
+            .followed
+            .lock()
+            .expect("the wake registry's lock")
+            .entry(id)
+            .or_default()
+            .clone();
+        self.followers.fetch_add(1, Ordering::Relaxed);
+        Follow {
+            wake: self.clone(),
+            id,
+            notify: Some(notify),
+        }
+    }
+
+    /// Wakes the streams of the operations of `rows`, which have just committed.
+    pub fn committed<'r>(&self, rows: impl IntoIterator<Item = &'r NewEntry>) {
+        if self.followers.load(Ordering::Relaxed) == 0 {
+            return;
+        }
+        let mut last = None;
+        let followed = self.followed.lock().expect("the wake registry's lock");
+        for row in rows {
+            let id = self.hash(&row.key.caller, &row.key.operation_key);
+            // An operation's rows come together: each is told once.
+            if last.replace(id) == Some(id) {
+                continue;
+            }
+            if let Some(notify) = followed.get(&id) {
+                notify.notify_waiters();
+            }
+        }
+    }
+}
+
+/// One stream's registration; dropping it unregisters.
+#[derive(Debug)]
+pub struct Follow {
+    wake: Arc<Wake>,
+    id: u64,
+    /// Taken (and dropped) under the registry's lock, so that the last one out of an
+    /// operation sees that it is the last.
+    notify: Option<Arc<Notify>>,
+}
+
+impl Follow {
+    /// A wake-up for rows committed from now on. Call `enable` on it (pinned) before
+    /// reading the journal: rows that commit while the read is under way then wake it.
+    pub fn notified(&self) -> Notified<'_> {
+        self.notify
+            .as_ref()
+            .expect("a Follow holds its Notify until dropped")
+            .notified()
+    }
+}
+
+impl Drop for Follow {
+    fn drop(&mut self) {
+        let mut followed = self.wake.followed.lock().expect("the wake registry's lock");
+        drop(self.notify.take());
+        if followed
+            .get(&self.id)
+            .is_some_and(|n| Arc::strong_count(n) == 1)
+        {
+            followed.remove(&self.id);
+        }
+        self.wake.followers.fetch_sub(1, Ordering::Relaxed);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::journal::{EntryKind, JournalKey};
+
+    fn row(caller: &str, key: &str) -> NewEntry {
+        NewEntry {
+            key: JournalKey {
+                caller: caller.into(),
+                operation_key: key.into(),
+                fence: None,
+            },
+            step: 1,
+            kind: EntryKind::Answer,
+            name: String::new(),
+            call_id: None,
+            body: String::new(),
+            pins: None,
+            input_tokens: None,
+            output_tokens: None,
+            ttl_ms: 1,
+        }
+    }
+
+    #[tokio::test]
+    async fn a_commit_wakes_the_streams_of_its_operation_only() {
+        let wake = Arc::new(Wake::default());
+        let a = wake.follow("ann", "k1");
+        let a2 = wake.follow("ann", "k1");
+        let b = wake.follow("ann", "k2");
+        let (wa, wa2, wb) = (a.notified(), a2.notified(), b.notified());
+        tokio::pin!(wa, wa2, wb);
+        wa.as_mut().enable();
+        wa2.as_mut().enable();
+        wb.as_mut().enable();
+        wake.committed(&[row("ann", "k1"), row("ann", "k1")]);
+        wa.await;
+        wa2.await;
+        assert!(futures_util::FutureExt::now_or_never(wb).is_none());
+        drop((a, a2, b));
+        assert!(wake.followed.lock().unwrap().is_empty());
+        assert_eq!(wake.followers.load(Ordering::Relaxed), 0);
+    }
+
+    #[tokio::test]
+    async fn the_last_stream_out_unregisters_its_operation() {
+        let wake = Arc::new(Wake::default());
+        let a = wake.follow("ann", "k1");
+        let a2 = wake.follow("ann", "k1");
+        drop(a);
+        assert_eq!(wake.followed.lock().unwrap().len(), 1);
+        drop(a2);
+        assert!(wake.followed.lock().unwrap().is_empty());
+    }
+}
