@@ -11,7 +11,9 @@
 //! settle, the idle RSS (`VmRSS`); then the 10,000, one a worker, started evenly over
 //! [`RAMP_MS`] (shorter than a model round, so that all are in flight at once); the peak
 //! RSS (`VmHWM`); the service's CPU and, on Postgres, the database's transactions and its
-//! backends' CPU from just before the load to its end.
+//! backends' CPU from just before the load to its end. Then a fresh process under a fifth
+//! of the streams, after the same warm-up: its peak RSS gives the slope, what one more
+//! waiting stream costs (figure 2's method).
 
 use super::*;
 
@@ -68,6 +70,37 @@ impl Bench {
             .filter_map(|pid| Some((pid, procfs::cpu_time(&pid.to_string(), self.ticks).ok()?)))
             .collect();
         Ok(Some((xacts, cpu)))
+    }
+
+    /// A fresh service's peak RSS (`VmHWM`) under `n` streamed checkouts at once, after
+    /// the same warm-up: the low point of the slope.
+    fn streams_hwm(&self, db: &Db, env: &[(String, String)], n: usize) -> Result<u64, String> {
+        let model = child::model(&self.env, "model-streams", self.plan.model_delay_ms, "")?;
+        let svc = child::service(
+            &self.env,
+            &format!("service-streams-{}-{n}", db.name),
+            &db.service_url,
+            &model.url,
+            env,
+        )?;
+        for (prefix, count, ramp_ms) in [("swl", WARMUP, 0), ("sl", n, RAMP_MS)] {
+            let mut load = LoadArgs::new(&svc.url, count, prefix);
+            load.requests = Some(count as u64);
+            load.ramp_ms = ramp_ms;
+            load.http2 = true;
+            load.stream = true;
+            let r = child::load(&self.env, "load-streams-low", &load)?;
+            if r.stream.as_ref().map_or(0, |s| s.finished) != count as u64 {
+                return Err(format!(
+                    "{n} streams: not every stream finished: {:?} {:?}",
+                    r.answers, r.stream
+                ));
+            }
+        }
+        let hwm = procfs::status_kb(svc.pid(), "VmHWM").unwrap_or(0);
+        svc.stop();
+        model.stop();
+        Ok(hwm)
     }
 
     pub(super) fn streams(&mut self, db: &Db) -> Result<(), String> {
@@ -144,6 +177,11 @@ impl Bench {
                 _ => None,
             };
 
+            // The slope from a fifth of the streams, in a fresh process: what one more
+            // waiting stream costs, what the process holds however many wait cancelled
+            // out (figure 2's method for a waiting loop).
+            let low_hwm = self.streams_hwm(db, &env, STREAMS / 5)?;
+            let slope = (hwm as f64 - low_hwm as f64) / (STREAMS - STREAMS / 5) as f64;
             let streams = report.stream.clone().unwrap_or_default();
             let text = std::fs::read_to_string(&records).map_err(|e| e.to_string())?;
             let shown: HashMap<&str, &str> = text
@@ -168,7 +206,7 @@ impl Bench {
             let per_stream = (hwm as f64 - idle as f64) / STREAMS as f64;
             let events_rate = streams.events as f64 / (streams.span_ms / 1000.0).max(1e-9);
             self.note(&format!(
-                "streams {d} run {run}: {} sent, answers {:?}, max in flight {}; {} streams ended RUN_FINISHED success, otherwise {:?}; {} events ({:.1} a stream) in {:.1} s: {events_rate:.0}/s; first event p50 {:.1} ms p99 {:.1} ms; last event p50 {:.0} ms p99 {:.0} ms ({:.0} and {:.0} above the model time); receipts {receipt_count}, orders without exactly the receipt their stream answered {mismatched}; RSS idle {:.1} MiB, peak {:.1} MiB: {per_stream:.0} B a stream; service CPU {:.2} s over {span_s:.1} s ({:.2} cores, {:.2} ms a stream){}; load generator CPU {:.0} ms",
+                "streams {d} run {run}: {} sent, answers {:?}, max in flight {}; {} streams ended RUN_FINISHED success, otherwise {:?}; {} events ({:.1} a stream) in {:.1} s: {events_rate:.0}/s; first event p50 {:.1} ms p99 {:.1} ms; last event p50 {:.0} ms p99 {:.0} ms ({:.0} and {:.0} above the model time); receipts {receipt_count}, orders without exactly the receipt their stream answered {mismatched}; RSS idle {:.1} MiB, peak {:.1} MiB: {per_stream:.0} B a stream (peak at {} streams {:.1} MiB: {slope:.0} B a stream more); service CPU {:.2} s over {span_s:.1} s ({:.2} cores, {:.2} ms a stream){}; load generator CPU {:.0} ms",
                 report.sent,
                 report.answers,
                 report.max_in_flight,
@@ -185,6 +223,8 @@ impl Bench {
                 streams.last_event.p99 - model_ms,
                 idle as f64 / MIB,
                 hwm as f64 / MIB,
+                STREAMS / 5,
+                low_hwm as f64 / MIB,
                 cpu.as_secs_f64(),
                 cpu.as_secs_f64() / span_s,
                 cpu.as_secs_f64() * 1000.0 / STREAMS as f64,
@@ -209,6 +249,8 @@ impl Bench {
                 ("idle", idle as f64 / MIB),
                 ("hwm", hwm as f64 / MIB),
                 ("per_stream", per_stream),
+                ("slope", slope),
+                ("low_hwm", low_hwm as f64 / MIB),
                 ("first_p50", streams.first_event.p50),
                 ("first_p99", streams.first_event.p99),
                 ("last_p50", streams.last_event.p50 - model_ms),
@@ -241,7 +283,7 @@ impl Bench {
                 "run": run,
                 "warmup": warm,
                 "load": report,
-                "rss_bytes": {"idle": idle, "hwm": hwm},
+                "rss_bytes": {"idle": idle, "hwm": hwm, "hwm_at_a_fifth": low_hwm},
                 "service_cpu_s": cpu.as_secs_f64(),
                 "receipts": receipt_count,
                 "mismatched": mismatched,
@@ -305,6 +347,26 @@ impl Bench {
                 take("per_stream"),
             )
             .target(Target::AtMost(BYTES_TARGET)),
+            Metric::new(
+                12,
+                &format!(
+                    "service peak RSS, {} streams (a fresh process)",
+                    STREAMS / 5
+                ),
+                d,
+                "MiB",
+                take("low_hwm"),
+            ),
+            Metric::new(
+                12,
+                &format!(
+                    "service bytes per waiting stream, slope (VmHWM {} -> {STREAMS})",
+                    STREAMS / 5
+                ),
+                d,
+                "B",
+                take("slope"),
+            ),
             Metric::new(12, "time to first event p50", d, "ms", take("first_p50")),
             Metric::new(12, "time to first event p99", d, "ms", take("first_p99")),
             Metric::new(
