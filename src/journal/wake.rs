@@ -2,9 +2,11 @@
 //! here, the streams that follow that operation here are told at once, instead of each
 //! reading the journal on a timer (docs/streaming.md, "How a stream follows the journal").
 //!
-//! A stream registers for its operation ([`Wake::follow`]) and waits on its
-//! [`Follow::notified`]; whoever commits journal rows of an operation (the journal's group
-//! writer, the receipts' group insert that commits the charge's row, a refund's
+//! A stream registers for its operation ([`Wake::follow`]), before the operation's task
+//! starts; before each read of the journal it marks what it has seen ([`Follow::mark`]),
+//! and after it waits for a commit since ([`Follow::changed`]), which returns at once if
+//! one came during the read. Whoever commits journal rows of an operation (the journal's
+//! group writer, the receipts' group insert that commits the charge's row, a refund's
 //! transaction) calls [`Wake::committed`] after the commit. Only in-process: rows that
 //! another instance commits wake nothing here, so a stream of an operation running
 //! elsewhere still polls.
@@ -18,15 +20,15 @@ use std::hash::{BuildHasher, Hash, Hasher};
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 
-use tokio::sync::Notify;
-use tokio::sync::futures::Notified;
+use tokio::sync::watch;
 
 use super::NewEntry;
 
 /// The registry of one service's streams (one per [`crate::db::Database`]).
 #[derive(Debug, Default)]
 pub struct Wake {
-    followed: Mutex<HashMap<u64, Arc<Notify>>>,
+    /// A version per followed operation, bumped by each of its commits.
+    followed: Mutex<HashMap<u64, watch::Sender<()>>>,
     /// How many streams follow anything: a commit with none to tell takes no lock.
     followers: AtomicUsize,
     hasher: std::hash::RandomState,
@@ -43,18 +45,18 @@ impl Wake {
     /// is dropped.
     pub fn follow(self: &Arc<Self>, caller: &str, operation_key: &str) -> Follow {
         let id = self.hash(caller, operation_key);
-        let notify = self
+        let seen = self
             .followed
             .lock()
             .expect("the wake registry's lock")
             .entry(id)
-            .or_default()
-            .clone();
+            .or_insert_with(|| watch::Sender::new(()))
+            .subscribe();
         self.followers.fetch_add(1, Ordering::Relaxed);
         Follow {
             wake: self.clone(),
             id,
-            notify: Some(notify),
+            seen: Some(seen),
         }
     }
 
@@ -71,8 +73,8 @@ impl Wake {
             if last.replace(id) == Some(id) {
                 continue;
             }
-            if let Some(notify) = followed.get(&id) {
-                notify.notify_waiters();
+            if let Some(version) = followed.get(&id) {
+                version.send_replace(());
             }
         }
     }
@@ -83,29 +85,44 @@ impl Wake {
 pub struct Follow {
     wake: Arc<Wake>,
     id: u64,
-    /// Taken (and dropped) under the registry's lock, so that the last one out of an
-    /// operation sees that it is the last.
-    notify: Option<Arc<Notify>>,
+    /// The last version of the operation seen. Taken (and dropped) under the registry's
+    /// lock, so that the last one out of an operation sees that it is the last.
+    seen: Option<watch::Receiver<()>>,
 }
 
 impl Follow {
-    /// A wake-up for rows committed from now on. Call `enable` on it (pinned) before
-    /// reading the journal: rows that commit while the read is under way then wake it.
-    pub fn notified(&self) -> Notified<'_> {
-        self.notify
-            .as_ref()
-            .expect("a Follow holds its Notify until dropped")
-            .notified()
+    fn seen(&mut self) -> &mut watch::Receiver<()> {
+        self.seen
+            .as_mut()
+            .expect("a Follow holds its receiver until dropped")
+    }
+
+    /// Marks every commit so far as seen: call it before reading the journal.
+    pub fn mark(&mut self) {
+        self.seen().borrow_and_update();
+    }
+
+    /// Whether a row committed since the last [`Follow::mark`].
+    pub fn has_changed(&mut self) -> bool {
+        self.seen().has_changed().unwrap_or(false)
+    }
+
+    /// Returns when a row commits after the last [`Follow::mark`]: at once if one has.
+    pub async fn changed(&mut self) {
+        if self.seen().changed().await.is_err() {
+            // The registry outlives its followers; were it gone, nothing would wake this.
+            std::future::pending::<()>().await;
+        }
     }
 }
 
 impl Drop for Follow {
     fn drop(&mut self) {
         let mut followed = self.wake.followed.lock().expect("the wake registry's lock");
-        drop(self.notify.take());
+        drop(self.seen.take());
         if followed
             .get(&self.id)
-            .is_some_and(|n| Arc::strong_count(n) == 1)
+            .is_some_and(|version| version.receiver_count() == 0)
         {
             followed.remove(&self.id);
         }
@@ -140,18 +157,19 @@ mod tests {
     #[tokio::test]
     async fn a_commit_wakes_the_streams_of_its_operation_only() {
         let wake = Arc::new(Wake::default());
-        let a = wake.follow("ann", "k1");
-        let a2 = wake.follow("ann", "k1");
-        let b = wake.follow("ann", "k2");
-        let (wa, wa2, wb) = (a.notified(), a2.notified(), b.notified());
-        tokio::pin!(wa, wa2, wb);
-        wa.as_mut().enable();
-        wa2.as_mut().enable();
-        wb.as_mut().enable();
+        let mut a = wake.follow("ann", "k1");
+        let mut a2 = wake.follow("ann", "k1");
+        let mut b = wake.follow("ann", "k2");
+        // Registered, not yet marked: a commit now is news all the same.
         wake.committed(&[row("ann", "k1"), row("ann", "k1")]);
-        wa.await;
-        wa2.await;
-        assert!(futures_util::FutureExt::now_or_never(wb).is_none());
+        assert!(a.has_changed() && a2.has_changed() && !b.has_changed());
+        a.changed().await;
+        a.mark();
+        assert!(!a.has_changed());
+        assert!(futures_util::FutureExt::now_or_never(b.changed()).is_none());
+        wake.committed(&[row("ann", "k2")]);
+        b.changed().await;
+        a2.changed().await;
         drop((a, a2, b));
         assert!(wake.followed.lock().unwrap().is_empty());
         assert_eq!(wake.followers.load(Ordering::Relaxed), 0);

@@ -24,6 +24,8 @@ use tokio::task::JoinHandle;
 
 pub use events::{AgUiEvent, Position};
 
+use crate::journal::wake::Follow;
+
 use super::admission::Slot;
 use super::answer::HttpAnswer;
 use super::error::{Code, Problem};
@@ -95,6 +97,12 @@ pub struct Tail {
     /// A new run that goes on from `after` (an interrupt's resume): it starts with its
     /// own `RUN_STARTED`, which has no place in the journal.
     pub announce: bool,
+    /// Its wake-ups on the commits of the operation's rows here, registered when the tail
+    /// is made: before the operation's task starts, so none of its commits goes unseen.
+    pub follow: Follow,
+    /// The operation's key was leased for the first time (fence 1): nothing of it is
+    /// journaled yet, and the stream does not read the journal until woken.
+    pub fresh: bool,
 }
 
 /// The stream as an SSE response: its events come from a task that reads the journal,
@@ -143,16 +151,14 @@ async fn follow(tail: Tail, mut finish: Finish, tx: mpsc::Sender<Event>) {
     };
     let lease = tail.app.settings().idempotency.lease;
     let mut lapsed_since: Option<Instant> = None;
-    let follow = tail.app.db().wake().follow(&tail.owner, &tail.key);
+    let mut follow = tail.follow;
     let mut entries = Vec::new();
-    // Nothing committed here since the last read, and the operation ran here: its rows
-    // are those read (set when its task ends unwoken).
-    let mut unchanged = false;
+    // The operation runs here and nothing of it committed since the last read (or it
+    // has none yet): the rows are those read.
+    let mut unchanged = tail.fresh;
     loop {
-        // Enabled before the reads: a row that commits during them wakes the wait below.
-        let woken = follow.notified();
-        tokio::pin!(woken);
-        woken.as_mut().enable();
+        // Before the reads: a row that commits during them is news to the wait below.
+        follow.mark();
         // Whether it ended is asked first: what an ended operation did is journaled.
         let ended = match &mut finish {
             Finish::Task(_) => None,
@@ -185,7 +191,7 @@ async fn follow(tail: Tail, mut finish: Finish, tx: mpsc::Sender<Event>) {
                 }
             }
         };
-        let read = match unchanged {
+        let read = match std::mem::take(&mut unchanged) {
             true => Ok(std::mem::take(&mut entries)),
             false => Box::pin(crate::journal::read(tail.app.db(), &tail.owner, &tail.key)).await,
         };
@@ -217,20 +223,23 @@ async fn follow(tail: Tail, mut finish: Finish, tx: mpsc::Sender<Event>) {
             return;
         }
         match &mut finish {
-            Finish::Task(run) => tokio::select! {
-                () = &mut woken => {}
-                _ = tokio::time::sleep(SAFETY_POLL) => {}
-                done = run => {
-                    // Its rows all committed before its task ended, each commit waking
-                    // `woken`: unwoken, the last read has them all.
-                    unchanged = futures_util::FutureExt::now_or_never(woken.as_mut()).is_none();
+            Finish::Task(run) => {
+                let done = tokio::select! {
+                    () = follow.changed() => None,
+                    _ = tokio::time::sleep(SAFETY_POLL) => None,
+                    done = run => Some(done),
+                    () = tx.closed() => return,
+                };
+                if let Some(done) = done {
+                    // Its rows all committed here before its task ended, each commit
+                    // news to `follow`: with none since the last read, it has them all.
+                    unchanged = !follow.has_changed();
                     let (status, body) = answer_of(done).await;
                     finish = Finish::Answered(status, body);
                 }
-                () = tx.closed() => return,
-            },
+            }
             Finish::Record => tokio::select! {
-                () = &mut woken => {}
+                () = follow.changed() => {}
                 _ = tokio::time::sleep(POLL) => {}
                 () = tx.closed() => return,
             },
@@ -317,6 +326,8 @@ pub async fn operation_events(
         }
     }
     let tail = Tail {
+        follow: app.db().wake().follow(&owner, &key),
+        fresh: false,
         app,
         owner,
         thread_id: key.clone(),
@@ -346,28 +357,29 @@ pub async fn once<F>(
 where
     F: Future<Output = HttpAnswer> + Send + 'static,
 {
-    let (began, begun) = oneshot::channel::<()>();
+    let (began, begun) = oneshot::channel::<bool>();
     let work = move |lease: &Lease, slot: Slot| {
-        let _ = began.send(());
+        // A key's first lease: nothing of its operation is journaled yet.
+        let _ = began.send(lease.fence == 1);
         work(lease, slot)
     };
-    // A task of its own: the operation goes on whatever happens to the stream.
-    let run = {
-        let (app, caller, key) = (app.clone(), caller.clone(), key.clone());
-        tokio::spawn(async move {
-            Box::pin(idempotent::once(&app, &caller, &key, &fingerprint, work)).await
-        })
-    };
-    let tail = Tail {
-        app,
-        owner: caller,
+    let mut tail = Tail {
+        follow: app.db().wake().follow(&caller, key.as_str()),
+        fresh: false,
+        app: app.clone(),
+        owner: caller.clone(),
         thread_id: key.as_str().to_owned(),
         run_id,
         key: key.as_str().to_owned(),
         after: None,
         announce: false,
     };
-    if begun.await.is_ok() {
+    // A task of its own: the operation goes on whatever happens to the stream.
+    let run = tokio::spawn(async move {
+        Box::pin(idempotent::once(&app, &caller, &key, &fingerprint, work)).await
+    });
+    if let Ok(fresh) = begun.await {
+        tail.fresh = fresh;
         return respond(tail, Finish::Task(run));
     }
     let response = match run.await {
