@@ -16,7 +16,7 @@
 //! for nothing (a wake-up is a read of the journal, never an event of its own).
 
 use std::collections::HashMap;
-use std::hash::{BuildHasher, Hash, Hasher};
+use std::hash::BuildHasher;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 
@@ -36,9 +36,7 @@ pub struct Wake {
 
 impl Wake {
     fn hash(&self, caller: &str, operation_key: &str) -> u64 {
-        let mut hasher = self.hasher.build_hasher();
-        (caller, operation_key).hash(&mut hasher);
-        hasher.finish()
+        self.hasher.hash_one((caller, operation_key))
     }
 
     /// Registers a stream of `caller`'s operation `operation_key`, until the [`Follow`]

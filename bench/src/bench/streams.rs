@@ -39,9 +39,12 @@ struct DbLoad {
     backend_cpu: Duration,
 }
 
+/// Transactions on the bench database so far, and its backends' CPU time by pid.
+type DbCounters = (i64, HashMap<i32, Duration>);
+
 impl Bench {
     /// Transactions on the bench database so far, and its backends' CPU time.
-    fn db_load(&self, db: &Db) -> Result<Option<(i64, HashMap<i32, Duration>)>, String> {
+    fn db_load(&self, db: &Db) -> Result<Option<DbCounters>, String> {
         let Some(admin) = &db.admin_url else {
             return Ok(None);
         };
