@@ -55,10 +55,6 @@ const TAKE_OVER: &str = "\
     AND lease_until <= (SELECT now_ms FROM clock) \
     RETURNING fence";
 
-const RENEW: &str = "\
-    UPDATE idempotency_keys SET lease_until = (SELECT now_ms FROM clock) + $4 \
-    WHERE scope = $1 AND key = $2 AND fence = $3 AND status IS NULL";
-
 const RELEASE: &str = "\
     UPDATE idempotency_keys SET lease_until = (SELECT now_ms FROM clock) \
     WHERE scope = $1 AND key = $2 AND fence = $3 AND status IS NULL";
@@ -428,19 +424,6 @@ pub async fn take_over(
         .bind(millis(lease))
         .fetch_optional(c)
         .await?))
-}
-
-/// Extends the lease; false when it is no longer ours.
-pub async fn renew(conn: Conn<'_>, lease: &Lease, lease_for: Duration) -> Result<bool, StoreError> {
-    let done = on_conn!(conn, c => sqlx::query(RENEW)
-        .bind(&lease.caller)
-        .bind(&lease.key)
-        .bind(lease.fence)
-        .bind(millis(lease_for))
-        .execute(c)
-        .await?
-        .rows_affected());
-    Ok(done == 1)
 }
 
 /// Ends the lease now without an answer, so the next request runs the operation again.
