@@ -34,7 +34,8 @@ use super::idempotent;
 use super::operations::{OperationErrors, OperationQuery};
 use super::state::AppState;
 use crate::caller::{Caller, Scope};
-use crate::idempotency::{Fingerprint, Lease};
+use crate::db::StoreError;
+use crate::idempotency::{Fingerprint, Lease, Saved};
 use crate::payments::OperationKey;
 
 /// One Server-Sent Event of a stream, as the API document describes it.
@@ -163,33 +164,29 @@ async fn follow(tail: Tail, mut finish: Finish, tx: mpsc::Sender<Event>) {
         let ended = match &mut finish {
             Finish::Task(_) => None,
             Finish::Answered(status, body) => Some((*status, std::mem::take(body))),
-            // Boxed, as the journal's read below: inline, each would make the stream's task as
-            // large as itself for its whole life.
-            Finish::Record => {
-                match Box::pin(tail.app.records().status(&tail.owner, &tail.key)).await {
-                    Ok(Some(Ok(saved))) => Some((saved.status, saved.body)),
-                    Ok(Some(Err(left))) if left.is_zero() => {
-                        // Released or lapsed: a retry or the recovery sweep may take it over.
-                        let since = *lapsed_since.get_or_insert_with(Instant::now);
-                        (since.elapsed() > lease * 2).then(|| problem(
+            Finish::Record => match record_status(&tail.app, &tail.owner, &tail.key).await {
+                Ok(Some(Ok(saved))) => Some((saved.status, saved.body)),
+                Ok(Some(Err(left))) if left.is_zero() => {
+                    // Released or lapsed: a retry or the recovery sweep may take it over.
+                    let since = *lapsed_since.get_or_insert_with(Instant::now);
+                    (since.elapsed() > lease * 2).then(|| problem(
                         Code::Unavailable,
                         "the operation stopped before its answer; repeat its request with the same Idempotency-Key to resume it".into(),
                     ))
-                    }
-                    Ok(Some(Err(_))) => {
-                        lapsed_since = None;
-                        None
-                    }
-                    Ok(None) => Some(problem(
-                        Code::NotFound,
-                        format!("there is no operation {:?}", tail.key),
-                    )),
-                    Err(err) => {
-                        tracing::warn!(error = %err, "a stream cannot read its operation's record; trying again");
-                        None
-                    }
                 }
-            }
+                Ok(Some(Err(_))) => {
+                    lapsed_since = None;
+                    None
+                }
+                Ok(None) => Some(problem(
+                    Code::NotFound,
+                    format!("there is no operation {:?}", tail.key),
+                )),
+                Err(err) => {
+                    tracing::warn!(error = %err, "a stream cannot read its operation's record; trying again");
+                    None
+                }
+            },
         };
         let read = match std::mem::take(&mut unchanged) {
             true => Ok(std::mem::take(&mut entries)),
@@ -246,6 +243,16 @@ async fn follow(tail: Tail, mut finish: Finish, tx: mpsc::Sender<Event>) {
             Finish::Answered(..) => {}
         }
     }
+}
+
+/// The operation's record as it stands. Its read is boxed, as the journal's: inline, each
+/// would make every stream's task as large as itself for the stream's whole life.
+async fn record_status(
+    app: &AppState,
+    owner: &str,
+    key: &str,
+) -> Result<Option<Result<Saved, Duration>>, StoreError> {
+    Box::pin(app.records().status(owner, key)).await
 }
 
 /// The status and body of the task's answer.
