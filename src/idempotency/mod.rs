@@ -115,10 +115,10 @@ pub enum Begin {
     Mismatch,
 }
 
-/// The records of the service's database. A new key's insert, a lease's renewal and a
-/// saved answer, which every keyed checkout makes, go with the next group of their kind (one statement and
-/// one commit for all that arrive together, `db::GroupWriter`); every other call takes a
-/// connection for its statements.
+/// The records of the service's database. A new key's insert and a saved answer, which
+/// every keyed checkout makes, go with the next group of their kind (one statement and
+/// one commit for all that arrive together, `db::GroupWriter`), and on SQLite a lease's
+/// renewal too (`renewals`); every other call takes a connection for its statements.
 #[derive(Clone, Debug)]
 pub struct Records {
     db: Database,
@@ -140,7 +140,11 @@ impl Records {
 
     /// Extends the lease; false when it is no longer ours.
     pub async fn renew(&self, lease: &Lease, lease_for: Duration) -> Result<bool, StoreError> {
-        self.renewals.write(Renewal::new(lease, lease_for)).await
+        let renewal = Renewal::new(lease, lease_for);
+        match self.db.kind() {
+            "sqlite" => self.renewals.write(renewal).await,
+            _ => renewals::renew(self.db.acquire().await?.conn(), &renewal).await,
+        }
     }
 
     /// Saves the answer; false when the lease is no longer ours (nothing is written).
