@@ -37,6 +37,7 @@ mod paused;
 mod retry;
 mod saving;
 mod startup;
+mod streams;
 mod sweep;
 
 /// The Postgres database the benchmark makes afresh, unless `--pg-db` names another.
@@ -89,6 +90,8 @@ struct Plan {
     keyed_window_ms: u64,
     /// Figure 11: runs (each 10,000 checkouts paused, then approved).
     paused_runs: usize,
+    /// Figure 12: runs (each 10,000 streamed checkouts at once).
+    streams_runs: usize,
     /// Extra environment for every service process (`--service-env NAME=VALUE`).
     service_env: Vec<(String, String)>,
 }
@@ -130,6 +133,7 @@ impl Plan {
                 keyed_warmup_ms: 300,
                 keyed_window_ms: 1000,
                 paused_runs: 1,
+                streams_runs: 1,
                 service_env: vec![],
             }
         } else {
@@ -167,6 +171,7 @@ impl Plan {
                 keyed_warmup_ms: 500,
                 keyed_window_ms: 2000,
                 paused_runs: 3,
+                streams_runs: 3,
                 service_env: vec![],
             }
         }
@@ -213,7 +218,7 @@ struct Bench {
 }
 
 const USAGE: &str = "\
-usage: checkout-bench [--quick] [--only cpu,loops,retry,saving,startup,sweep,counts,overload,outage,partial,keyed,paused]
+usage: checkout-bench [--quick] [--only cpu,loops,retry,saving,startup,sweep,counts,overload,outage,partial,keyed,paused,streams]
                       [--db sqlite,postgres] [--runs N] [--concurrency N] [--overload-limit N]
                       [--http1] [--out DIR] [--work DIR]
                       [--service-bin PATH] [--no-build] [--postgres postgres://postgres@127.0.0.1:5432]
@@ -235,6 +240,9 @@ K keyed checkouts in flight (a fresh Idempotency-Key each, 1 to 256 in flight, a
 instant model; DIR/keyed-in-flight.svg).
 11 paused checkouts (--only paused, not in the default run: 10,000 checkouts paused for
 approval, the service's RSS against its idle RSS, then all approved: drain time, receipts).
+12 streamed checkouts (--only streams, not in the default run: 10,000 checkouts at once with
+Accept: text/event-stream over HTTP/2, a 2 s model: bytes per waiting stream, time to the
+first event, events/s, every stream RUN_FINISHED, one receipt each, CPU and database load).
 --quick takes under a minute; the full run under ten. Writes DIR/results.json,
 DIR/results.md and DIR/latency.svg (DIR/*-quick.* with --quick); DIR is --out, else
 bench/ when run by `cargo run -p checkout-bench`, else the current directory. Logs and
@@ -268,6 +276,7 @@ pub fn main(args: &mut Args) -> Result<(), String> {
         plan.outage_runs = runs;
         plan.keyed_runs = runs;
         plan.paused_runs = runs;
+        plan.streams_runs = runs;
     }
     if let Some(c) = args.number::<usize>("--concurrency")? {
         plan.loops_concurrency = c;
@@ -326,7 +335,7 @@ pub fn main(args: &mut Args) -> Result<(), String> {
     ));
     for figure in [
         "startup", "cpu", "retry", "saving", "loops", "sweep", "counts", "overload", "outage",
-        "partial", "keyed", "paused",
+        "partial", "keyed", "paused", "streams",
     ] {
         if !only.iter().any(|o| o == figure) {
             continue;
@@ -344,6 +353,7 @@ pub fn main(args: &mut Args) -> Result<(), String> {
                 "partial" => bench.partial(db),
                 "keyed" => bench.keyed(db),
                 "paused" => bench.paused(db),
+                "streams" => bench.streams(db),
                 _ => bench.sweep(db),
             };
             if let Err(err) = result {

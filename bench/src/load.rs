@@ -13,6 +13,9 @@ use serde::{Deserialize, Serialize};
 
 use crate::args::Args;
 use crate::procfs;
+use crate::sse::{Streamed, is_event_stream, read_stream, stream_report};
+
+pub use crate::sse::StreamReport;
 
 /// HTTP/2 streams the load generator opens on one connection (hyper's server allows 200).
 const STREAMS_PER_CONNECTION: usize = 100;
@@ -49,6 +52,9 @@ pub struct LoadArgs {
     /// file (one a line), each once (figure 11). Records are then
     /// `approvalId<TAB>status<TAB>orderId<TAB>receiptId<TAB>charged`.
     pub approve: Option<PathBuf>,
+    /// Each checkout asks for its events (`Accept: text/event-stream`) and reads the
+    /// stream to its end (figure 12): the answer is the last event's.
+    pub stream: bool,
 }
 
 impl LoadArgs {
@@ -68,6 +74,7 @@ impl LoadArgs {
             honor_retry_after: false,
             keyed: false,
             approve: None,
+            stream: false,
         }
     }
 
@@ -91,6 +98,7 @@ impl LoadArgs {
         load.honor_retry_after = args.flag("--honor-retry-after");
         load.keyed = args.flag("--keyed");
         load.approve = args.value("--approve")?.map(PathBuf::from);
+        load.stream = args.flag("--stream");
         if load.duration_ms.is_none() == load.requests.is_none() {
             return Err("load: give exactly one of --duration-ms and --requests".into());
         }
@@ -136,6 +144,9 @@ impl LoadArgs {
         }
         if let Some(path) = &self.approve {
             out.extend(["--approve".into(), path.display().to_string()]);
+        }
+        if self.stream {
+            out.push("--stream".into());
         }
         out
     }
@@ -206,11 +217,16 @@ pub struct LoadReport {
     pub max_in_flight: u64,
     /// The load generator's own CPU time.
     pub cpu_ms: f64,
+    /// With `--stream`: what the event streams delivered.
+    #[serde(default)]
+    pub stream: Option<StreamReport>,
 }
 
-struct Sample {
-    start_us: u64,
+pub(crate) struct Sample {
+    pub(crate) start_us: u64,
     end_us: u64,
+    /// `--stream`: when its first event came, how many it got, how it ended.
+    pub(crate) stream: Option<Streamed>,
     status: u16,
     /// The problem body's `code`, for an answer other than 200 that has one.
     code: Option<String>,
@@ -363,6 +379,7 @@ async fn run(load: LoadArgs) -> Result<LoadReport, String> {
         latency: Percentiles::of(all),
         max_in_flight: shared.max_in_flight.load(Ordering::Relaxed),
         cpu_ms: (cpu_after - cpu_before).as_secs_f64() * 1000.0,
+        stream: load.stream.then(|| stream_report(&samples)),
     })
 }
 
@@ -432,7 +449,21 @@ async fn work(
         if load.keyed {
             request = request.header("idempotency-key", order.as_str());
         }
+        if load.stream {
+            request = request.header(reqwest::header::ACCEPT, "text/event-stream");
+        }
+        let mut streamed = None;
         let answer = match request.send().await {
+            Ok(response) if load.stream && is_event_stream(&response) => {
+                let status = response.status().as_u16();
+                match read_stream(response, start).await {
+                    Ok((stream, body)) => {
+                        streamed = Some(stream);
+                        Ok((status, None, body.into()))
+                    }
+                    Err(err) => Err(err),
+                }
+            }
             Ok(response) => {
                 let status = response.status().as_u16();
                 let retry_after = response
@@ -494,6 +525,7 @@ async fn work(
         samples.push(Sample {
             start_us: (sent - start).as_micros() as u64,
             end_us: (ended - start).as_micros() as u64,
+            stream: streamed,
             status,
             code,
         });

@@ -13,6 +13,7 @@ mod load;
 mod procfs;
 mod real_model;
 mod report;
+mod sse;
 mod svg;
 
 use std::process::ExitCode;

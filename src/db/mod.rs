@@ -24,6 +24,8 @@ use sqlx::sqlite::{
     SqliteConnectOptions, SqliteJournalMode, SqlitePool, SqlitePoolOptions, SqliteSynchronous,
 };
 
+use crate::journal::wake::Wake;
+
 pub use conn::{Conn, Pooled};
 pub use error::StoreError;
 pub use group::{GroupWrite, GroupWriter};
@@ -55,6 +57,9 @@ pub struct Database {
     /// writes whole, but two services sharing one file would each believe its pool and its
     /// idempotency leases are the only ones. So the file is locked for the process lifetime.
     _lock: Option<Arc<File>>,
+    /// The streams of this process that follow an operation's journal, woken when its
+    /// rows commit here.
+    wake: Arc<Wake>,
 }
 
 #[derive(Clone, Debug)]
@@ -120,6 +125,7 @@ impl Database {
             Ok(Database {
                 pool: Pool::Postgres(pg),
                 _lock: None,
+                wake: Arc::default(),
             })
         } else if url.starts_with("sqlite:") {
             let options = SqliteConnectOptions::from_str(url)
@@ -152,10 +158,16 @@ impl Database {
             Ok(Database {
                 pool: Pool::Sqlite(sqlite),
                 _lock: lock,
+                wake: Arc::default(),
             })
         } else {
             Err(OpenError::Scheme(url.chars().take(40).collect()))
         }
+    }
+
+    /// The registry that wakes this process's streams when journal rows commit.
+    pub fn wake(&self) -> &Arc<Wake> {
+        &self.wake
     }
 
     /// `postgres` or `sqlite`.

@@ -299,6 +299,8 @@ async fn decide(
         }
     };
     let tail = Tail {
+        follow: app.db().wake().follow(&approval.caller, key.as_str()),
+        fresh: false,
         app: app.clone(),
         owner: approval.caller.clone(),
         key: key.as_str().to_owned(),

@@ -10,12 +10,14 @@
 //! runs on Postgres-compatible distributed databases.
 
 mod records;
+mod renewals;
 
 use std::time::Duration;
 
 pub use records::{Lapsed, Lease, PAUSE, PAUSED, REOPEN, SETTLE_PAUSED, Saved};
 
 use records::{Completion, Completions, Inserts, NewRecord};
+use renewals::{Renewal, Renewals};
 
 use crate::db::{Database, GroupWriter, StoreError};
 use crate::journal::{self, NewEntry};
@@ -115,28 +117,34 @@ pub enum Begin {
 
 /// The records of the service's database. A new key's insert and a saved answer, which
 /// every keyed checkout makes, go with the next group of their kind (one statement and
-/// one commit for all that arrive together, `db::GroupWriter`); every other call takes a
-/// connection for its statements.
+/// one commit for all that arrive together, `db::GroupWriter`), and on SQLite a lease's
+/// renewal too (`renewals`); every other call takes a connection for its statements.
 #[derive(Clone, Debug)]
 pub struct Records {
     db: Database,
     inserts: GroupWriter<Inserts>,
     completions: GroupWriter<Completions>,
+    renewals: GroupWriter<Renewals>,
 }
 
 impl Records {
-    /// Starts the two group writers' tasks: call within the runtime.
+    /// Starts the group writers' tasks: call within the runtime.
     pub fn new(db: &Database) -> Records {
         Records {
             db: db.clone(),
             inserts: GroupWriter::start(db, Inserts),
-            completions: GroupWriter::start(db, Completions),
+            completions: GroupWriter::start(db, Completions(db.wake().clone())),
+            renewals: GroupWriter::start(db, Renewals),
         }
     }
 
     /// Extends the lease; false when it is no longer ours.
     pub async fn renew(&self, lease: &Lease, lease_for: Duration) -> Result<bool, StoreError> {
-        records::renew(self.db.acquire().await?.conn(), lease, lease_for).await
+        let renewal = Renewal::new(lease, lease_for);
+        match self.db.kind() {
+            "sqlite" => self.renewals.write(renewal).await,
+            _ => renewals::renew(self.db.acquire().await?.conn(), &renewal).await,
+        }
     }
 
     /// Saves the answer, and in the same commit the operation's `closing` journal steps;

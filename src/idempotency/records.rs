@@ -3,11 +3,13 @@
 
 use std::cmp::Ordering;
 use std::collections::{HashMap, HashSet};
+use std::sync::Arc;
 use std::time::Duration;
 
 use sqlx::{Connection, QueryBuilder};
 
 use crate::db::{Conn, GroupWrite, StoreError, on_conn};
+use crate::journal::wake::Wake;
 use crate::journal::{self, NewEntry, PgEntries};
 
 /// The right to work on a key, until the lease lapses or another instance takes it.
@@ -55,10 +57,6 @@ const TAKE_OVER: &str = "\
     WHERE scope = $1 AND key = $2 AND fence = $3 AND status IS NULL \
     AND lease_until <= (SELECT now_ms FROM clock) \
     RETURNING fence";
-
-const RENEW: &str = "\
-    UPDATE idempotency_keys SET lease_until = (SELECT now_ms FROM clock) + $4 \
-    WHERE scope = $1 AND key = $2 AND fence = $3 AND status IS NULL";
 
 const RELEASE: &str = "\
     UPDATE idempotency_keys SET lease_until = (SELECT now_ms FROM clock) \
@@ -257,7 +255,7 @@ impl GroupWrite for Inserts {
 }
 
 /// The group writer of saved answers: every keyed checkout saves one as it ends.
-pub struct Completions;
+pub struct Completions(pub Arc<Wake>);
 
 impl GroupWrite for Completions {
     type Row = Completion;
@@ -328,6 +326,8 @@ impl GroupWrite for Completions {
                 }
             }
         };
+        // The closing steps committed: streams following them here read them now.
+        self.0.committed(rows.iter().flat_map(|r| &r.closing));
         // Named by fence too: a zombie's row beside its successor's in one group is not
         // told that the successor's save was its own.
         let saved: HashSet<(String, String, i64)> = saved.into_iter().collect();
@@ -463,19 +463,6 @@ pub async fn take_over(
         .bind(millis(lease))
         .fetch_optional(c)
         .await?))
-}
-
-/// Extends the lease; false when it is no longer ours.
-pub async fn renew(conn: Conn<'_>, lease: &Lease, lease_for: Duration) -> Result<bool, StoreError> {
-    let done = on_conn!(conn, c => sqlx::query(RENEW)
-        .bind(&lease.caller)
-        .bind(&lease.key)
-        .bind(lease.fence)
-        .bind(millis(lease_for))
-        .execute(c)
-        .await?
-        .rows_affected());
-    Ok(done == 1)
 }
 
 /// Ends the lease now without an answer, so the next request runs the operation again.

@@ -8,8 +8,11 @@
 //! names the fence it holds, and a row whose fence is no longer the record's is not
 //! written. Rows expire with the operation's Idempotency-Key record and are swept with it.
 
+pub mod wake;
+
 use std::cmp::Ordering;
 use std::collections::HashSet;
+use std::sync::Arc;
 
 use sqlx::QueryBuilder;
 use sqlx::postgres::{PgArguments, Postgres};
@@ -99,7 +102,7 @@ impl Journal {
     pub fn new(db: &Database) -> Journal {
         Journal {
             db: db.clone(),
-            writer: GroupWriter::start(db, Entries),
+            writer: GroupWriter::start(db, Entries(db.wake().clone())),
         }
     }
 
@@ -277,8 +280,8 @@ const SQLITE_INSERT_TAIL: &str = concat!(
     "ON CONFLICT (scope, operation_key, step) DO NOTHING RETURNING scope, operation_key, step"
 );
 
-/// The group writer's side of the table.
-struct Entries;
+/// The group writer's side of the table, and the streams to wake when its rows commit.
+struct Entries(Arc<wake::Wake>);
 
 impl GroupWrite for Entries {
     /// One operation's next steps, appended together.
@@ -297,6 +300,8 @@ impl GroupWrite for Entries {
     async fn write(&self, conn: Conn<'_>, rows: &[Vec<NewEntry>]) -> Result<Vec<bool>, StoreError> {
         let written: Vec<(String, String, i64)> =
             insert(conn, rows.iter().flatten().map(|r| (None, r))).await?;
+        // One statement, committed on its own: the streams may read the rows now.
+        self.0.committed(rows.iter().flatten());
         let written: HashSet<(String, String, i64)> = written.into_iter().collect();
         Ok(rows
             .iter()

@@ -2,10 +2,13 @@
 //! text/event-stream` on `POST /checkout`, `POST /agui`, and the resumption
 //! `GET /operations/{operationKey}/events` with `Last-Event-ID`.
 //!
-//! Every stream is read from the journal, whichever instance runs the operation: a short
-//! poll of its rows (and of its record, for the end), so the events a reconnect replays
-//! and those it sees live are the same rows, in the same order, with the same ids. The
-//! stream only reads: a stream that goes away stops nothing.
+//! Every stream is read from the journal, whichever instance runs the operation, so the
+//! events a reconnect replays and those it sees live are the same rows, in the same
+//! order, with the same ids. It reads again when woken: by the commit of one of the
+//! operation's rows in this process (`journal::wake`) or the end of its task here; an
+//! operation running elsewhere wakes nothing here, so its streams also poll (its rows,
+//! and its record for the end). The stream only reads: a stream that goes away stops
+//! nothing.
 
 pub mod events;
 mod live;
@@ -23,6 +26,8 @@ use tokio::task::JoinHandle;
 pub use events::{AgUiEvent, Position};
 use live::{Live, Waited};
 
+use crate::journal::wake::Follow;
+
 use super::admission::Slot;
 use super::answer::HttpAnswer;
 use super::error::{Code, Problem};
@@ -31,7 +36,8 @@ use super::idempotent;
 use super::operations::{OperationErrors, OperationQuery};
 use super::state::AppState;
 use crate::caller::{Caller, Scope};
-use crate::idempotency::{Fingerprint, Lease};
+use crate::db::StoreError;
+use crate::idempotency::{Fingerprint, Lease, Saved};
 use crate::payments::OperationKey;
 
 /// One Server-Sent Event of a stream, as the API document describes it.
@@ -47,8 +53,14 @@ pub struct StreamEvent {
     data: String,
 }
 
-/// How often a stream reads its operation's journal and record.
+/// How often a stream of an operation that runs elsewhere ([`Finish::Record`]) reads
+/// its journal and record, woken or not.
 pub const POLL: Duration = Duration::from_millis(100);
+
+/// How often a stream of an operation whose task runs here ([`Finish::Task`]) reads its
+/// journal unwoken: only if another instance took the operation over (its rows then
+/// commit there, and wake nothing here) does a read find what no wake-up announced.
+pub const SAFETY_POLL: Duration = Duration::from_secs(5);
 
 /// Whether the request asks for the event stream (`Accept: text/event-stream`).
 pub fn wanted(headers: &HeaderMap) -> bool {
@@ -88,6 +100,12 @@ pub struct Tail {
     /// A new run that goes on from `after` (an interrupt's resume): it starts with its
     /// own `RUN_STARTED`, which has no place in the journal.
     pub announce: bool,
+    /// Its wake-ups on the commits of the operation's rows here, registered when the tail
+    /// is made: before the operation's task starts, so none of its commits goes unseen.
+    pub follow: Follow,
+    /// The operation's key was leased for the first time (fence 1): nothing of it is
+    /// journaled yet, and the stream does not read the journal until woken.
+    pub fresh: bool,
 }
 
 /// The stream as an SSE response: its events come from a task that reads the journal,
@@ -137,12 +155,19 @@ async fn follow(tail: Tail, mut finish: Finish, tx: mpsc::Sender<Event>) {
     let lease = tail.app.settings().idempotency.lease;
     let mut lapsed_since: Option<Instant> = None;
     let mut live = Live::watch(tail.app.live(), &tail.owner, &tail.key);
+    let mut follow = tail.follow;
+    let mut entries = Vec::new();
+    // The operation runs here and nothing of it committed since the last read (or it
+    // has none yet): the rows are those read.
+    let mut unchanged = tail.fresh;
     loop {
+        // Before the reads: a row that commits during them is news to the wait below.
+        follow.mark();
         // Whether it ended is asked first: what an ended operation did is journaled.
         let ended = match &mut finish {
             Finish::Task(_) => None,
             Finish::Answered(status, body) => Some((*status, std::mem::take(body))),
-            Finish::Record => match tail.app.records().status(&tail.owner, &tail.key).await {
+            Finish::Record => match record_status(&tail.app, &tail.owner, &tail.key).await {
                 Ok(Some(Ok(saved))) => Some((saved.status, saved.body)),
                 Ok(Some(Err(left))) if left.is_zero() => {
                     // Released or lapsed: a retry or the recovery sweep may take it over.
@@ -166,7 +191,11 @@ async fn follow(tail: Tail, mut finish: Finish, tx: mpsc::Sender<Event>) {
                 }
             },
         };
-        let entries = match crate::journal::read(tail.app.db(), &tail.owner, &tail.key).await {
+        let read = match std::mem::take(&mut unchanged) {
+            true => Ok(std::mem::take(&mut entries)),
+            false => Box::pin(crate::journal::read(tail.app.db(), &tail.owner, &tail.key)).await,
+        };
+        entries = match read {
             Ok(entries) => entries,
             Err(err) => {
                 tracing::warn!(error = %err, "a stream cannot read its operation's journal; trying again");
@@ -209,7 +238,8 @@ async fn follow(tail: Tail, mut finish: Finish, tx: mpsc::Sender<Event>) {
             Finish::Task(run) => {
                 let waited = live.relay(thread, &tx, async {
                     tokio::select! {
-                        _ = tokio::time::sleep(POLL) => None,
+                        () = follow.changed() => None,
+                        _ = tokio::time::sleep(SAFETY_POLL) => None,
                         done = run => Some(done),
                     }
                 });
@@ -217,13 +247,21 @@ async fn follow(tail: Tail, mut finish: Finish, tx: mpsc::Sender<Event>) {
                     Waited::Gone => return,
                     Waited::Done(None) | Waited::Behind => {}
                     Waited::Done(Some(done)) => {
+                        // Its rows all committed here before its task ended, each commit
+                        // news to `follow`: with none since the last read, it has them all.
+                        unchanged = !follow.has_changed();
                         let (status, body) = answer_of(done).await;
                         finish = Finish::Answered(status, body);
                     }
                 }
             }
             Finish::Record => {
-                let waited = live.relay(thread, &tx, tokio::time::sleep(POLL));
+                let waited = live.relay(thread, &tx, async {
+                    tokio::select! {
+                        () = follow.changed() => {}
+                        _ = tokio::time::sleep(POLL) => {}
+                    }
+                });
                 if let Waited::Gone = waited.await {
                     return;
                 }
@@ -231,6 +269,16 @@ async fn follow(tail: Tail, mut finish: Finish, tx: mpsc::Sender<Event>) {
             Finish::Answered(..) => {}
         }
     }
+}
+
+/// The operation's record as it stands. Its read is boxed, as the journal's: inline, each
+/// would make every stream's task as large as itself for the stream's whole life.
+async fn record_status(
+    app: &AppState,
+    owner: &str,
+    key: &str,
+) -> Result<Option<Result<Saved, Duration>>, StoreError> {
+    Box::pin(app.records().status(owner, key)).await
 }
 
 /// The status and body of the task's answer.
@@ -311,6 +359,8 @@ pub async fn operation_events(
         }
     }
     let tail = Tail {
+        follow: app.db().wake().follow(&owner, &key),
+        fresh: false,
         app,
         owner,
         thread_id: key.clone(),
@@ -340,31 +390,32 @@ pub async fn once<F>(
 where
     F: Future<Output = HttpAnswer> + Send + 'static,
 {
-    let (began, begun) = oneshot::channel::<()>();
+    let (began, begun) = oneshot::channel::<bool>();
     let work = move |lease: &Lease, slot: Slot| {
-        let _ = began.send(());
+        // A key's first lease: nothing of its operation is journaled yet.
+        let _ = began.send(lease.fence == 1);
         work(lease, slot)
     };
-    // A task of its own: the operation goes on whatever happens to the stream. Watched
-    // while it runs: its answers are streamed, their text sent as it comes (live.rs).
-    let run = {
-        let (app, caller, key) = (app.clone(), caller.clone(), key.clone());
-        let watched = app.live().open(&caller, key.as_str());
-        tokio::spawn(async move {
-            let _watched = watched;
-            Box::pin(idempotent::once(&app, &caller, &key, &fingerprint, work)).await
-        })
-    };
-    let tail = Tail {
-        app,
-        owner: caller,
+    let mut tail = Tail {
+        follow: app.db().wake().follow(&caller, key.as_str()),
+        fresh: false,
+        app: app.clone(),
+        owner: caller.clone(),
         thread_id: key.as_str().to_owned(),
         run_id,
         key: key.as_str().to_owned(),
         after: None,
         announce: false,
     };
-    if begun.await.is_ok() {
+    // A task of its own: the operation goes on whatever happens to the stream. Watched
+    // while it runs: its answers are streamed, their text sent as it comes (live.rs).
+    let watched = app.live().open(&caller, key.as_str());
+    let run = tokio::spawn(async move {
+        let _watched = watched;
+        Box::pin(idempotent::once(&app, &caller, &key, &fingerprint, work)).await
+    });
+    if let Ok(fresh) = begun.await {
+        tail.fresh = fresh;
         return respond(tail, Finish::Task(run));
     }
     let response = match run.await {

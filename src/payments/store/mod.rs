@@ -50,7 +50,7 @@ impl Receipts {
     pub fn new(db: &Database) -> Receipts {
         Receipts {
             db: db.clone(),
-            writer: GroupWriter::start(db, Charges),
+            writer: GroupWriter::start(db, Charges(db.wake().clone())),
         }
     }
 

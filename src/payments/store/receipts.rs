@@ -7,12 +7,14 @@
 
 use std::cmp::Ordering;
 use std::collections::HashMap;
+use std::sync::Arc;
 
 use chrono::{DateTime, SecondsFormat, Utc};
 use sqlx::{Connection, QueryBuilder};
 use uuid::Uuid;
 
 use crate::db::{Conn, GroupWrite, StoreError, on_conn};
+use crate::journal::wake::Wake;
 use crate::journal::{self, NewEntry, PgEntries};
 use crate::payments::keys::OrderId;
 use crate::payments::money::{Currency, Money};
@@ -63,7 +65,7 @@ const FIND: &str = "\
     FROM receipts WHERE order_id = $1";
 
 /// The group writer's side of the table.
-pub struct Charges;
+pub struct Charges(pub Arc<Wake>);
 
 impl GroupWrite for Charges {
     type Row = ChargeRow;
@@ -82,11 +84,11 @@ impl GroupWrite for Charges {
         conn: Conn<'_>,
         rows: &[ChargeRow],
     ) -> Result<Vec<Self::Out>, StoreError> {
-        let mut made: HashMap<Uuid, Receipt> = insert(conn, rows)
-            .await?
-            .into_iter()
-            .map(|r| (r.id, r))
-            .collect();
+        let made = insert(conn, rows).await?;
+        // Committed (one statement on Postgres, a transaction on SQLite): the streams of
+        // the charged operations may read the charge's journal row now.
+        self.0.committed(rows.iter().flat_map(|r| &r.entries));
+        let mut made: HashMap<Uuid, Receipt> = made.into_iter().map(|r| (r.id, r)).collect();
         Ok(rows
             .iter()
             .map(|row| made.remove(&row.receipt.id))

@@ -211,6 +211,7 @@ impl Refunds {
                 if id {
                     journal::insert_in(Conn::from(&mut *tx), &entries).await?;
                     tx.commit().await?;
+                    self.db.wake().committed(&entries);
                 } else {
                     tx.rollback().await?;
                 }
@@ -279,6 +280,9 @@ impl Refunds {
                 journal::insert_in(Conn::from(&mut *tx), entries).await?;
             }
             tx.commit().await?;
+            if moved && status == RefundStatus::Succeeded {
+                self.db.wake().committed(entries);
+            }
             Ok(moved)
         })
     }
