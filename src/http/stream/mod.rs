@@ -13,8 +13,9 @@ mod live;
 use std::convert::Infallible;
 use std::time::{Duration, Instant};
 
-use axum::extract::{Extension, Path, State};
+use axum::extract::{Extension, FromRequestParts, Path, State};
 use axum::http::HeaderMap;
+use axum::http::request::Parts;
 use axum::response::sse::{Event, KeepAlive, Sse};
 use axum::response::{IntoResponse, Response};
 use tokio::sync::{mpsc, oneshot};
@@ -49,6 +50,19 @@ pub struct StreamEvent {
 
 /// How often a stream reads its operation's journal and record.
 pub const POLL: Duration = Duration::from_millis(100);
+
+/// Whether the request asks for the event stream, as an extractor: read from the
+/// request's headers in place, where a `HeaderMap` argument is a copy of them that a
+/// handler keeps for as long as its checkout waits.
+pub struct Wanted(pub bool);
+
+impl<S: Send + Sync> FromRequestParts<S> for Wanted {
+    type Rejection = Infallible;
+
+    async fn from_request_parts(parts: &mut Parts, _: &S) -> Result<Self, Infallible> {
+        Ok(Wanted(wanted(&parts.headers)))
+    }
+}
 
 /// Whether the request asks for the event stream (`Accept: text/event-stream`).
 pub fn wanted(headers: &HeaderMap) -> bool {
