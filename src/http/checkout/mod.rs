@@ -170,7 +170,7 @@ pub(crate) fn start(
     }
 }
 
-/// A checkout [`start`]ed: its answer already, or the work it waits on, boxed.
+/// A checkout started: its answer already, or the work it waits on, boxed.
 pub enum Started {
     /// `None` once it has answered.
     Answered(Option<Response>),
