@@ -263,7 +263,10 @@ impl ChatPost {
             request
         };
         if let Some(live) = &call.live {
-            return self.streamed(head, &call, live).await;
+            // Boxed: a request streamed to a watcher is the rare one, and inline its
+            // future (the open request and the stream's reader) made every model
+            // request's future as large (figure 2, docs/benchmark.md).
+            return Box::pin(self.streamed(head, &call, live)).await;
         }
         let response = self.transport.send(head, &call).await?;
         let status = response.status();

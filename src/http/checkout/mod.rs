@@ -18,9 +18,12 @@ use outcome::{failure, paid_anyway, success};
 pub use paused::{ApprovalView, PausedResponse};
 pub(crate) use paused::{denied_answer, expired_answer, pause, saved};
 
+use std::pin::Pin;
+use std::task::{Context, Poll};
+
 use axum::extract::{Extension, State};
-use axum::http::HeaderMap;
 use axum::response::{IntoResponse, Response};
+use futures_util::future::BoxFuture;
 
 use crate::assistant::CheckoutContext;
 use crate::caller::{Caller, Scope};
@@ -52,33 +55,46 @@ use crate::payments::OperationKey;
         CheckoutErrors,
     )
 )]
-pub async fn checkout(
+pub fn checkout(
     State(app): State<AppState>,
     Extension(caller): Extension<Caller>,
     format: Format,
     IdempotencyKey(client_key): IdempotencyKey,
     Params(query): Params<CheckoutQuery>,
-    headers: HeaderMap,
+    stream::Wanted(streamed): stream::Wanted,
     _: NoBody,
-) -> Response {
+) -> Started {
     if let Some(refusal) = require(&caller, Scope::Checkout) {
-        return refusal;
+        return Started::Answered(Some(refusal));
     }
     // A stream's run is its operation key.
-    let run_id = stream::wanted(&headers).then(String::new);
-    start(app, caller, format, client_key, query, run_id).await
+    start(
+        app,
+        caller,
+        format,
+        client_key,
+        query,
+        streamed.then(String::new),
+    )
 }
 
 /// A checkout the caller may make: validated, keyed and run, answered as JSON or text,
 /// or (`run_id` given; empty: the operation key) as the run `run_id` of AG-UI events.
-pub(crate) async fn start(
+///
+/// Not an `async fn`, nor is the handler: everything before the wait is done here, at
+/// once, and what is left to wait on is [`Started`], a few words. An `async fn` keeps
+/// its arguments in its future as long as it runs, and is as large as its largest
+/// branch: as one (the stream's branch inline, the handler's copies of the query and of
+/// the request's headers) every waiting checkout held some 3 KB more (figure 2,
+/// docs/benchmark.md).
+pub(crate) fn start(
     app: AppState,
     caller: Caller,
     format: Format,
     client_key: Option<OperationKey>,
     mut query: CheckoutQuery,
     run_id: Option<String>,
-) -> Response {
+) -> Started {
     let needs_method = app.gateway().needs_payment_method();
     let email = recipient(query.email.take());
     let checked = order(query, app.settings().payments.max_amount, needs_method)
@@ -87,7 +103,7 @@ pub(crate) async fn start(
         Ok(checked) => checked,
         Err(problem) => {
             app.metrics().checkout(Code::InvalidRequest.as_str());
-            return problem.into_response();
+            return Started::Answered(Some(problem.into_response()));
         }
     };
     // Above the caller's threshold the charge waits for a person: decided here, from the
@@ -126,31 +142,54 @@ pub(crate) async fn start(
                     true => key.as_str().to_owned(),
                     false => run_id,
                 };
-                return stream::once(app, caller.name.clone(), key, fingerprint, run_id, work)
-                    .await;
+                return Started::Boxed(Box::pin(stream::once(
+                    app,
+                    caller.name.clone(),
+                    key,
+                    fingerprint,
+                    run_id,
+                    work,
+                )));
             }
             // Boxed, like the failure path: a handler future is as large as its largest
             // branch, and thousands of checkouts wait at once.
-            Box::pin(idempotent::once(
-                &app,
-                &caller.name,
-                &key,
-                &fingerprint,
-                work,
-            ))
-            .await
+            Started::Boxed(Box::pin(async move {
+                idempotent::once(&app, &caller.name, &key, &fingerprint, work).await
+            }))
         }
         None => {
             let Some(slot) = app.admission().try_admit() else {
-                return app.admission().refusal().into_response();
+                return Started::Answered(Some(app.admission().refusal().into_response()));
             };
             let operation_key = OperationKey::mint();
-            idempotent::detached(async move {
+            Started::Detached(idempotent::detached(async move {
                 let _slot = slot;
                 run(&app, request, operation_key, &caller, None).await
-            })
-            .await
-            .into_response()
+            }))
+        }
+    }
+}
+
+/// A checkout started: its answer already, or the work it waits on, boxed.
+pub enum Started {
+    /// `None` once it has answered.
+    Answered(Option<Response>),
+    /// A keyless checkout: its work, boxed, polled by the request.
+    Detached(idempotent::Detached),
+    /// A keyed or streamed one.
+    Boxed(BoxFuture<'static, Response>),
+}
+
+impl Future for Started {
+    type Output = Response;
+
+    fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Response> {
+        match self.get_mut() {
+            Started::Answered(answer) => {
+                Poll::Ready(answer.take().expect("polled after it answered"))
+            }
+            Started::Detached(work) => Pin::new(work).poll(cx).map(IntoResponse::into_response),
+            Started::Boxed(work) => work.as_mut().poll(cx),
         }
     }
 }

@@ -16,8 +16,9 @@ mod live;
 use std::convert::Infallible;
 use std::time::{Duration, Instant};
 
-use axum::extract::{Extension, Path, State};
+use axum::extract::{Extension, FromRequestParts, Path, State};
 use axum::http::HeaderMap;
+use axum::http::request::Parts;
 use axum::response::sse::{Event, KeepAlive, Sse};
 use axum::response::{IntoResponse, Response};
 use tokio::sync::{mpsc, oneshot};
@@ -61,6 +62,19 @@ pub const POLL: Duration = Duration::from_millis(100);
 /// journal unwoken: only if another instance took the operation over (its rows then
 /// commit there, and wake nothing here) does a read find what no wake-up announced.
 pub const SAFETY_POLL: Duration = Duration::from_secs(5);
+
+/// Whether the request asks for the event stream, as an extractor: read from the
+/// request's headers in place, where a `HeaderMap` argument is a copy of them that a
+/// handler keeps for as long as its checkout waits.
+pub struct Wanted(pub bool);
+
+impl<S: Send + Sync> FromRequestParts<S> for Wanted {
+    type Rejection = Infallible;
+
+    async fn from_request_parts(parts: &mut Parts, _: &S) -> Result<Self, Infallible> {
+        Ok(Wanted(wanted(&parts.headers)))
+    }
+}
 
 /// Whether the request asks for the event stream (`Accept: text/event-stream`).
 pub fn wanted(headers: &HeaderMap) -> bool {

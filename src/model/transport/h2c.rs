@@ -228,7 +228,9 @@ impl H2c {
                     // Counted until it ends, made or not, or its request gives up.
                     let connecting = Connecting(self);
                     call.on_wire();
-                    let connection = Arc::new(self.connect().await?);
+                    // Boxed: a connect (TCP and HTTP/2's handshake) is rare, a few a
+                    // process, and inline it made every request's future as large.
+                    let connection = Arc::new(Box::pin(self.connect()).await?);
                     connection.active.fetch_add(1, Ordering::Relaxed);
                     let mut pool = self.pool.lock().expect("never poisoned");
                     pool.open.push(connection.clone());
