@@ -299,15 +299,9 @@ async fn decide(
         }
     };
     let tail = Tail {
-        follow: app.db().wake().follow(&approval.caller, key.as_str()),
-        fresh: false,
-        app: app.clone(),
-        owner: approval.caller.clone(),
-        key: key.as_str().to_owned(),
-        thread_id: key.as_str().to_owned(),
-        run_id,
         after: Some(after),
         announce: true,
+        ..Tail::new(&app, &approval.caller, key.as_str(), run_id)
     };
     let id = id.to_string();
     if approve {

@@ -106,8 +106,8 @@ pub struct Tail {
     pub app: AppState,
     /// Whose operation.
     pub owner: String,
+    /// The operation's key, which is also the AG-UI `threadId`.
     pub key: String,
-    pub thread_id: String,
     pub run_id: String,
     /// The last place the client has (`Last-Event-ID`); `None`: from `RUN_STARTED` on.
     pub after: Option<Position>,
@@ -120,6 +120,24 @@ pub struct Tail {
     /// The operation's key was leased for the first time (fence 1): nothing of it is
     /// journaled yet, and the stream does not read the journal until woken.
     pub fresh: bool,
+}
+
+impl Tail {
+    /// A stream of `owner`'s operation `key` from its start, registered for the
+    /// operation's wake-ups now: before its task starts, so none of its commits goes
+    /// unseen.
+    pub fn new(app: &AppState, owner: &str, key: &str, run_id: String) -> Tail {
+        Tail {
+            follow: app.db().wake().follow(owner, key),
+            fresh: false,
+            app: app.clone(),
+            owner: owner.to_owned(),
+            key: key.to_owned(),
+            run_id,
+            after: None,
+            announce: false,
+        }
+    }
 }
 
 /// The stream as an SSE response: its events come from a task that reads the journal,
@@ -150,7 +168,7 @@ async fn follow(tail: Tail, mut finish: Finish, tx: mpsc::Sender<Event>) {
     let mut at = match tail.after {
         Some(after) => {
             if tail.announce {
-                let mut started = events::run_started(&tail.thread_id, &tail.run_id);
+                let mut started = events::run_started(&tail.key, &tail.run_id);
                 started.id = None;
                 if tx.send(sse(&started)).await.is_err() {
                     return;
@@ -159,7 +177,7 @@ async fn follow(tail: Tail, mut finish: Finish, tx: mpsc::Sender<Event>) {
             after
         }
         None => {
-            let started = events::run_started(&tail.thread_id, &tail.run_id);
+            let started = events::run_started(&tail.key, &tail.run_id);
             if tx.send(sse(&started)).await.is_err() {
                 return;
             }
@@ -224,9 +242,9 @@ async fn follow(tail: Tail, mut finish: Finish, tx: mpsc::Sender<Event>) {
         // The journal's events, with the live text sent meanwhile fitted in (live.rs),
         // then the live text that may go now.
         let mut events: Vec<AgUiEvent> = (entries.iter())
-            .flat_map(|entry| live.of_step(&tail.thread_id, entry))
+            .flat_map(|entry| live.of_step(&tail.key, entry))
             .collect();
-        events.extend(live.flush(&tail.thread_id));
+        events.extend(live.flush(&tail.key));
         for event in &events {
             match event.id {
                 Some(id) if id <= at => continue,
@@ -239,7 +257,7 @@ async fn follow(tail: Tail, mut finish: Finish, tx: mpsc::Sender<Event>) {
         }
         if let Some((status, body)) = ended {
             let call = events::waiting_call(&entries);
-            let last = events::last(&tail.thread_id, &tail.run_id, status, &body, call);
+            let last = events::last(&tail.key, &tail.run_id, status, &body, call);
             for event in live.close().iter().chain([&last]) {
                 if tx.send(sse(event)).await.is_err() {
                     return;
@@ -247,7 +265,7 @@ async fn follow(tail: Tail, mut finish: Finish, tx: mpsc::Sender<Event>) {
             }
             return;
         }
-        let thread = &tail.thread_id;
+        let thread = &tail.key;
         match &mut finish {
             Finish::Task(run) => {
                 let waited = live.relay(thread, &tx, async {
@@ -373,15 +391,8 @@ pub async fn operation_events(
         }
     }
     let tail = Tail {
-        follow: app.db().wake().follow(&owner, &key),
-        fresh: false,
-        app,
-        owner,
-        thread_id: key.clone(),
-        run_id: key.clone(),
-        key,
         after,
-        announce: false,
+        ..Tail::new(&app, &owner, &key, key.clone())
     };
     respond(tail, Finish::Record)
 }
@@ -410,17 +421,7 @@ where
         let _ = began.send(lease.fence == 1);
         work(lease, slot)
     };
-    let mut tail = Tail {
-        follow: app.db().wake().follow(&caller, key.as_str()),
-        fresh: false,
-        app: app.clone(),
-        owner: caller.clone(),
-        thread_id: key.as_str().to_owned(),
-        run_id,
-        key: key.as_str().to_owned(),
-        after: None,
-        announce: false,
-    };
+    let mut tail = Tail::new(&app, &caller, key.as_str(), run_id);
     // A task of its own: the operation goes on whatever happens to the stream. Watched
     // while it runs: its answers are streamed, their text sent as it comes (live.rs).
     let watched = app.live().open(&caller, key.as_str());
