@@ -52,13 +52,6 @@ pub async fn renew(conn: Conn<'_>, renewal: &Renewal) -> Result<bool, StoreError
     Ok(done == 1)
 }
 
-const PG_RENEW_GROUP: &str = "\
-    UPDATE idempotency_keys SET lease_until = (SELECT now_ms FROM clock) + r.lease_ms \
-    FROM UNNEST($1::text[], $2::text[], $3::int8[], $4::int8[]) AS r(scope, key, fence, lease_ms) \
-    WHERE idempotency_keys.scope = r.scope AND idempotency_keys.key = r.key \
-    AND idempotency_keys.fence = r.fence AND idempotency_keys.status IS NULL \
-    RETURNING idempotency_keys.scope, idempotency_keys.key, idempotency_keys.fence";
-
 const SQLITE_RENEW_GROUP_HEAD: &str = "\
     UPDATE idempotency_keys SET lease_until = (SELECT now_ms FROM clock) + r.column4 FROM (";
 const SQLITE_RENEW_GROUP_TAIL: &str = ") AS r \
@@ -80,22 +73,18 @@ impl GroupWrite for Renewals {
 
     async fn write(&self, conn: Conn<'_>, rows: &[Renewal]) -> Result<Vec<bool>, StoreError> {
         let renewed: Vec<(String, String, i64)> = match conn {
+            // Only SQLite's renewals come here (`Records::renew`): on Postgres a group's
+            // UPDATE held its records until it committed, and stalled the journal's
+            // inserts behind it. Should one come, it goes alone.
             Conn::Postgres(c) => {
-                sqlx::query_as(PG_RENEW_GROUP)
-                    .bind(
-                        rows.iter()
-                            .map(|r| r.lease.caller.as_str())
-                            .collect::<Vec<_>>(),
-                    )
-                    .bind(
-                        rows.iter()
-                            .map(|r| r.lease.key.as_str())
-                            .collect::<Vec<_>>(),
-                    )
-                    .bind(rows.iter().map(|r| r.lease.fence).collect::<Vec<_>>())
-                    .bind(rows.iter().map(|r| r.lease_ms).collect::<Vec<_>>())
-                    .fetch_all(c)
-                    .await?
+                let mut renewed = Vec::with_capacity(rows.len());
+                for r in rows {
+                    if renew(Conn::Postgres(&mut *c), r).await? {
+                        let lease = &r.lease;
+                        renewed.push((lease.caller.clone(), lease.key.clone(), lease.fence));
+                    }
+                }
+                renewed
             }
             Conn::Sqlite(c) => {
                 let mut statement = QueryBuilder::new(SQLITE_RENEW_GROUP_HEAD);
