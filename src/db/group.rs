@@ -8,11 +8,23 @@
 //! decide which rows go in, and each caller hears what became of its row.
 //!
 //! What a group is written with is the table's: a [`GroupWrite`] (receipts, with the
-//! journal entries that commit with them; journal entries).
+//! journal entries that commit with them; journal entries; idempotency records).
+//!
+//! On Postgres each table's group is one statement on a connection of its own, and the
+//! groups of different tables commit side by side. On SQLite, whose one connection runs
+//! every statement and whose every commit waits for the disk, the groups that are ready
+//! at the same moment — a new key's claim, a charge, a saved answer, each from another
+//! table's writer — go into one transaction ([`SqliteWriter`]): one commit and one flush
+//! for all of them, where each had been a commit of its own, queued behind the others'.
 
 use std::cmp::Ordering;
 use std::sync::Arc;
 
+use std::future::poll_fn;
+use std::task::{Context, Poll};
+
+use futures_util::future::BoxFuture;
+use sqlx::SqliteConnection;
 use tokio::sync::{mpsc, oneshot};
 
 use super::{Conn, Database, Pooled, StoreError, on_conn};
@@ -30,12 +42,17 @@ pub trait GroupWrite: Send + Sync + 'static {
     /// on one Postgres wait for each other in that order, and cannot deadlock.
     fn order(a: &Self::Row, b: &Self::Row) -> Ordering;
 
-    /// Writes `rows` in one commit; what became of each, in the order of `rows`.
+    /// Writes `rows`; what became of each, in the order of `rows`. On Postgres in one
+    /// statement, which is its commit; on SQLite inside the transaction that
+    /// [`SqliteWriter`] opened, with the other tables' groups of the moment.
     fn write(
         &self,
         conn: Conn<'_>,
         rows: &[Self::Row],
     ) -> impl Future<Output = Result<Vec<Self::Out>, StoreError>> + Send;
+
+    /// Told once `rows` committed (the streams that follow them may read them now).
+    fn committed(&self, _rows: &[Self::Row]) {}
 }
 
 struct Pending<W: GroupWrite> {
@@ -46,12 +63,15 @@ struct Pending<W: GroupWrite> {
 /// The queue in front of a table's writer task; the task ends with the last clone.
 pub struct GroupWriter<W: GroupWrite> {
     queue: mpsc::Sender<Pending<W>>,
+    /// SQLite's: keeps the one writer of every table running while this table has writers.
+    _sqlite: Option<SqliteWriter>,
 }
 
 impl<W: GroupWrite> Clone for GroupWriter<W> {
     fn clone(&self) -> Self {
         GroupWriter {
             queue: self.queue.clone(),
+            _sqlite: self._sqlite.clone(),
         }
     }
 }
@@ -66,16 +86,30 @@ impl<W: GroupWrite> GroupWriter<W> {
     /// Starts the writer task. It ends when the last clone of the writer is dropped, or
     /// when the database is being closed: it then lets go of the connection it keeps,
     /// which the pool's `close` would wait for.
+    ///
+    /// On SQLite the table's queue is one more of the tables that SQLite's one writer
+    /// commits together ([`SqliteWriter`]).
     pub fn start(db: &Database, table: W) -> GroupWriter<W> {
         let (queue, pending) = mpsc::channel(MAX_GROUP);
+        let table = Arc::new(table);
+        if let Some(sqlite) = db.sqlite_writer() {
+            sqlite.add(Table::lane(table, pending));
+            return GroupWriter {
+                queue,
+                _sqlite: Some(sqlite),
+            };
+        }
         let writer = Writer {
             db: db.clone(),
-            table: Arc::new(table),
+            table,
             kept: None,
             suspect: false,
         };
         tokio::spawn(write_groups(writer, pending, db.close_event()));
-        GroupWriter { queue }
+        GroupWriter {
+            queue,
+            _sqlite: None,
+        }
     }
 
     /// Writes `row` with the next group; what became of it, once committed.
@@ -92,12 +126,11 @@ impl<W: GroupWrite> GroupWriter<W> {
     }
 }
 
-/// The writer's side: a group is one statement on one connection, which it keeps when
-/// the pool has others to spare. Taking one from the pool for every group had the pool
-/// open new ones as load rose, and opening one with TLS took sqlx about 90 ms here (2–4 ms
-/// without; sqlx 0.9.0 left Nagle on, vendor/README.md), a stall that every row of the
-/// group waited out.
-/// SQLite's pool has one connection, which the reads need between groups.
+/// The writer's side on Postgres: a group is one statement on one connection, which it
+/// keeps when the pool has others to spare. Taking one from the pool for every group had
+/// the pool open new ones as load rose, and opening one with TLS took sqlx about 90 ms
+/// here (2–4 ms without; sqlx 0.9.0 left Nagle on, vendor/README.md), a stall that every
+/// row of the group waited out.
 struct Writer<W> {
     db: Database,
     table: Arc<W>,
@@ -119,6 +152,7 @@ impl<W: GroupWrite> Writer<W> {
         if self.db.max_connections() > 1 {
             self.kept = Some(conn);
         }
+        self.table.committed(rows);
         Ok(written)
     }
 
@@ -182,4 +216,198 @@ async fn write_groups<W: GroupWrite>(
             }
         }
     }
+}
+
+/// SQLite's one writer. Its one connection runs every statement, and each commit waits for
+/// the disk: a group of each table committed apart, one after the other, each waiting
+/// for the connection and then for its own flush. So one task takes every table's queue
+/// and writes what is queued in all of them in one transaction: one commit, one flush,
+/// and no wait for the connection between them. A failure rolls back the transaction
+/// and every group in it hears of it (nothing of theirs was written).
+///
+/// Not bounded by the callers' patience as a Postgres group is: a statement on a local
+/// file always answers (within the busy timeout).
+#[derive(Clone, Debug)]
+pub(super) struct SqliteWriter {
+    tables: mpsc::UnboundedSender<Box<dyn Lane>>,
+}
+
+/// One table's queue, as SQLite's writer sees it.
+pub(super) trait Lane: Send {
+    /// Takes what is queued; ready with 0 when the table's writers are all gone.
+    fn poll_take(&mut self, cx: &mut Context<'_>) -> Poll<usize>;
+    fn taken(&self) -> bool;
+    /// Writes what was taken, inside the open transaction.
+    fn write<'c>(
+        &'c mut self,
+        conn: &'c mut SqliteConnection,
+    ) -> BoxFuture<'c, Result<(), StoreError>>;
+    /// Answers each caller of what was taken, once the transaction ended (on a failure,
+    /// those of rows not yet written too).
+    fn finish(&mut self, committed: &Result<(), StoreError>);
+}
+
+struct Table<W: GroupWrite> {
+    table: Arc<W>,
+    pending: mpsc::Receiver<Pending<W>>,
+    /// Received, for the next transaction.
+    taken: Vec<Pending<W>>,
+    /// In the transaction: the rows, their callers, and what became of each.
+    rows: Vec<W::Row>,
+    answering: Vec<oneshot::Sender<Result<W::Out, StoreError>>>,
+    outs: Vec<W::Out>,
+}
+
+impl<W: GroupWrite> Table<W> {
+    fn lane(table: Arc<W>, pending: mpsc::Receiver<Pending<W>>) -> Box<dyn Lane> {
+        Box::new(Table {
+            table,
+            pending,
+            taken: Vec::new(),
+            rows: Vec::new(),
+            answering: Vec::new(),
+            outs: Vec::new(),
+        })
+    }
+}
+
+impl<W: GroupWrite> Lane for Table<W> {
+    fn poll_take(&mut self, cx: &mut Context<'_>) -> Poll<usize> {
+        match MAX_GROUP - self.taken.len() {
+            0 => Poll::Ready(self.taken.len()),
+            room => self.pending.poll_recv_many(cx, &mut self.taken, room),
+        }
+    }
+
+    fn taken(&self) -> bool {
+        !self.taken.is_empty()
+    }
+
+    fn write<'c>(
+        &'c mut self,
+        conn: &'c mut SqliteConnection,
+    ) -> BoxFuture<'c, Result<(), StoreError>> {
+        self.taken.sort_by(|a, b| W::order(&a.row, &b.row));
+        (self.rows, self.answering) = self.taken.drain(..).map(|p| (p.row, p.done)).unzip();
+        Box::pin(async move {
+            self.outs = self.table.write(Conn::Sqlite(conn), &self.rows).await?;
+            Ok(())
+        })
+    }
+
+    fn finish(&mut self, committed: &Result<(), StoreError>) {
+        let answering = std::mem::take(&mut self.answering);
+        match committed {
+            Ok(()) => {
+                self.table.committed(&self.rows);
+                let outs = std::mem::take(&mut self.outs);
+                for (out, done) in outs.into_iter().zip(answering) {
+                    // The caller may have gone (a timeout); its row stands all the same.
+                    let _ = done.send(Ok(out));
+                }
+            }
+            Err(err) => {
+                // What was written is rolled back, and what was not reached is not
+                // written either: every caller hears of the failure.
+                let unwritten = self.taken.drain(..).map(|p| p.done);
+                for done in answering.into_iter().chain(unwritten) {
+                    let _ = done.send(Err(err.clone()));
+                }
+            }
+        }
+        self.rows.clear();
+    }
+}
+
+impl SqliteWriter {
+    /// Starts SQLite's writer. It ends when every table's writers are gone (the database
+    /// keeps only a weak handle), or when the database is being closed.
+    pub(super) fn start(db: &Database) -> SqliteWriter {
+        let (tables, added) = mpsc::unbounded_channel();
+        tokio::spawn(write_sqlite(db.clone(), added, db.close_event()));
+        SqliteWriter { tables }
+    }
+
+    pub(super) fn downgrade(&self) -> mpsc::WeakUnboundedSender<Box<dyn Lane>> {
+        self.tables.downgrade()
+    }
+
+    pub(super) fn upgrade(weak: &mpsc::WeakUnboundedSender<Box<dyn Lane>>) -> Option<Self> {
+        weak.upgrade().map(|tables| SqliteWriter { tables })
+    }
+
+    fn add(&self, table: Box<dyn Lane>) {
+        // The writer ends only once every sender, this one among them, is gone.
+        let _ = self.tables.send(table);
+    }
+}
+
+async fn write_sqlite(
+    db: Database,
+    mut added: mpsc::UnboundedReceiver<Box<dyn Lane>>,
+    closing: impl Future<Output = ()>,
+) {
+    let mut tables: Vec<Box<dyn Lane>> = Vec::new();
+    let mut adding = true;
+    tokio::pin!(closing);
+    loop {
+        // Until some table has rows: new tables join, tables whose writers are gone leave.
+        let go_on = poll_fn(|cx| {
+            if closing.as_mut().poll(cx).is_ready() {
+                return Poll::Ready(false);
+            }
+            while adding {
+                match added.poll_recv(cx) {
+                    Poll::Ready(Some(table)) => tables.push(table),
+                    Poll::Ready(None) => adding = false,
+                    Poll::Pending => break,
+                }
+            }
+            let mut ready = false;
+            tables.retain_mut(|table| match table.poll_take(cx) {
+                // Its writers are gone: it leaves once what it took is written.
+                Poll::Ready(0) => {
+                    ready |= table.taken();
+                    table.taken()
+                }
+                Poll::Ready(_) => {
+                    ready = true;
+                    true
+                }
+                Poll::Pending => {
+                    ready |= table.taken();
+                    true
+                }
+            });
+            match (ready, adding || !tables.is_empty()) {
+                (true, _) => Poll::Ready(true),
+                (false, true) => Poll::Pending,
+                (false, false) => Poll::Ready(false),
+            }
+        })
+        .await;
+        if !go_on {
+            return;
+        }
+        let mut written: Vec<&mut Box<dyn Lane>> =
+            tables.iter_mut().filter(|t| t.taken()).collect();
+        let committed = commit(&db, &mut written).await;
+        for table in written {
+            table.finish(&committed);
+        }
+    }
+}
+
+/// Writes the tables' rows in one transaction; the first failure rolls back all of them.
+async fn commit(db: &Database, tables: &mut [&mut Box<dyn Lane>]) -> Result<(), StoreError> {
+    let mut pooled = db.acquire().await?;
+    let Conn::Sqlite(conn) = pooled.conn() else {
+        unreachable!("SQLite's writer has SQLite's connections");
+    };
+    let mut tx = sqlx::Connection::begin(conn).await?;
+    for table in tables.iter_mut() {
+        table.write(&mut tx).await?;
+    }
+    tx.commit().await?;
+    Ok(())
 }

@@ -30,6 +30,8 @@ pub use conn::{Conn, Pooled};
 pub use error::StoreError;
 pub use group::{GroupWrite, GroupWriter};
 
+type WeakSqliteWriter = tokio::sync::mpsc::WeakUnboundedSender<Box<dyn group::Lane>>;
+
 /// Runs `$body` with `$c` bound to the driver's connection, whichever it is: one text of
 /// Rust and SQL for both databases, type-checked against each.
 macro_rules! on_conn {
@@ -60,6 +62,9 @@ pub struct Database {
     /// The streams of this process that follow an operation's journal, woken when its
     /// rows commit here.
     wake: Arc<Wake>,
+    /// SQLite's one writer of every table's groups (`group.rs`), started with the first
+    /// table's; weak, so that it ends with the tables' writers.
+    sqlite_writer: Arc<std::sync::Mutex<Option<WeakSqliteWriter>>>,
 }
 
 #[derive(Clone, Debug)]
@@ -126,6 +131,7 @@ impl Database {
                 pool: Pool::Postgres(pg),
                 _lock: None,
                 wake: Arc::default(),
+                sqlite_writer: Arc::default(),
             })
         } else if url.starts_with("sqlite:") {
             let options = SqliteConnectOptions::from_str(url)
@@ -159,6 +165,7 @@ impl Database {
                 pool: Pool::Sqlite(sqlite),
                 _lock: lock,
                 wake: Arc::default(),
+                sqlite_writer: Arc::default(),
             })
         } else {
             Err(OpenError::Scheme(url.chars().take(40).collect()))
@@ -168,6 +175,24 @@ impl Database {
     /// The registry that wakes this process's streams when journal rows commit.
     pub fn wake(&self) -> &Arc<Wake> {
         &self.wake
+    }
+
+    /// SQLite's one writer of every table's groups; `None` on Postgres, where each
+    /// table's writer commits its own.
+    fn sqlite_writer(&self) -> Option<group::SqliteWriter> {
+        if let Pool::Postgres(_) = self.pool {
+            return None;
+        }
+        let mut weak = self
+            .sqlite_writer
+            .lock()
+            .expect("not poisoned: nothing panics while it is held");
+        if let Some(running) = weak.as_ref().and_then(group::SqliteWriter::upgrade) {
+            return Some(running);
+        }
+        let started = group::SqliteWriter::start(self);
+        *weak = Some(started.downgrade());
+        Some(started)
     }
 
     /// `postgres` or `sqlite`.

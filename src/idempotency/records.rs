@@ -6,7 +6,7 @@ use std::collections::{HashMap, HashSet};
 use std::sync::Arc;
 use std::time::Duration;
 
-use sqlx::{Connection, QueryBuilder};
+use sqlx::QueryBuilder;
 
 use crate::db::{Conn, GroupWrite, StoreError, on_conn};
 use crate::journal::wake::Wake;
@@ -313,21 +313,13 @@ impl GroupWrite for Completions {
                 });
                 statement.push(SQLITE_COMPLETE_GROUP_TAIL);
                 let closing: Vec<&NewEntry> = rows.iter().flat_map(|r| &r.closing).collect();
-                if closing.is_empty() {
-                    statement.build_query_as().fetch_all(c).await?
-                } else {
-                    // The steps first: their insert asks, as the save does, that the
-                    // record be unfinished under the run's fence; the save then ends it.
-                    let mut tx = c.begin().await?;
-                    journal::insert_sqlite(&mut tx, &closing).await?;
-                    let saved = statement.build_query_as().fetch_all(&mut *tx).await?;
-                    tx.commit().await?;
-                    saved
-                }
+                // In the committer's transaction. The steps first: their insert asks, as
+                // the save does, that the record be unfinished under the run's fence; the
+                // save then ends it.
+                journal::insert_sqlite(&mut *c, &closing).await?;
+                statement.build_query_as().fetch_all(c).await?
             }
         };
-        // The closing steps committed: streams following them here read them now.
-        self.0.committed(rows.iter().flat_map(|r| &r.closing));
         // Named by fence too: a zombie's row beside its successor's in one group is not
         // told that the successor's save was its own.
         let saved: HashSet<(String, String, i64)> = saved.into_iter().collect();
@@ -338,6 +330,11 @@ impl GroupWrite for Completions {
                 saved.contains(&(lease.caller.clone(), lease.key.clone(), lease.fence))
             })
             .collect())
+    }
+
+    /// The closing steps committed: streams following them here read them now.
+    fn committed(&self, rows: &[Completion]) {
+        self.0.committed(rows.iter().flat_map(|r| &r.closing));
     }
 }
 

@@ -300,8 +300,6 @@ impl GroupWrite for Entries {
     async fn write(&self, conn: Conn<'_>, rows: &[Vec<NewEntry>]) -> Result<Vec<bool>, StoreError> {
         let written: Vec<(String, String, i64)> =
             insert(conn, rows.iter().flatten().map(|r| (None, r))).await?;
-        // One statement, committed on its own: the streams may read the rows now.
-        self.0.committed(rows.iter().flatten());
         let written: HashSet<(String, String, i64)> = written.into_iter().collect();
         Ok(rows
             .iter()
@@ -311,6 +309,11 @@ impl GroupWrite for Entries {
                 })
             })
             .collect())
+    }
+
+    /// The streams may read the rows now.
+    fn committed(&self, rows: &[Vec<NewEntry>]) {
+        self.0.committed(rows.iter().flatten());
     }
 }
 

@@ -10,7 +10,7 @@ use std::collections::HashMap;
 use std::sync::Arc;
 
 use chrono::{DateTime, SecondsFormat, Utc};
-use sqlx::{Connection, QueryBuilder};
+use sqlx::QueryBuilder;
 use uuid::Uuid;
 
 use crate::db::{Conn, GroupWrite, StoreError, on_conn};
@@ -85,18 +85,22 @@ impl GroupWrite for Charges {
         rows: &[ChargeRow],
     ) -> Result<Vec<Self::Out>, StoreError> {
         let made = insert(conn, rows).await?;
-        // Committed (one statement on Postgres, a transaction on SQLite): the streams of
-        // the charged operations may read the charge's journal row now.
-        self.0.committed(rows.iter().flat_map(|r| &r.entries));
         let mut made: HashMap<Uuid, Receipt> = made.into_iter().map(|r| (r.id, r)).collect();
         Ok(rows
             .iter()
             .map(|row| made.remove(&row.receipt.id))
             .collect())
     }
+
+    /// The streams of the charged operations may read the charge's journal row now.
+    fn committed(&self, rows: &[ChargeRow]) {
+        self.0.committed(rows.iter().flat_map(|r| &r.entries));
+    }
 }
 
 /// Inserts `rows` in one commit; the receipts it made, and the journal entries of those.
+/// On Postgres one statement; on SQLite two, inside the caller's transaction (the group
+/// committer's, or a budgeted charge's).
 /// A row whose order was already charged (before, or by an earlier row of `rows`) is
 /// skipped and not among them.
 pub async fn insert(conn: Conn<'_>, rows: &[ChargeRow]) -> Result<Vec<Receipt>, StoreError> {
@@ -130,7 +134,6 @@ pub async fn insert(conn: Conn<'_>, rows: &[ChargeRow]) -> Result<Vec<Receipt>, 
             entries.bind(query).bind(payment_ids).fetch_all(c).await?
         }
         Conn::Sqlite(c) => {
-            let mut tx = c.begin().await?;
             let mut statement = QueryBuilder::new(INSERT_VALUES);
             statement.push_values(rows.iter().map(|r| &r.receipt), |mut values, row| {
                 values
@@ -144,7 +147,7 @@ pub async fn insert(conn: Conn<'_>, rows: &[ChargeRow]) -> Result<Vec<Receipt>, 
                     .push_bind(row.provider_payment_id.clone());
             });
             statement.push(ON_CONFLICT);
-            let stored: Vec<Stored> = statement.build_query_as().fetch_all(&mut *tx).await?;
+            let stored: Vec<Stored> = statement.build_query_as().fetch_all(&mut *c).await?;
             let entries: Vec<&NewEntry> = rows
                 .iter()
                 .filter(|r| {
@@ -154,8 +157,7 @@ pub async fn insert(conn: Conn<'_>, rows: &[ChargeRow]) -> Result<Vec<Receipt>, 
                 })
                 .flat_map(|r| &r.entries)
                 .collect();
-            journal::insert_sqlite(&mut tx, &entries).await?;
-            tx.commit().await?;
+            journal::insert_sqlite(c, &entries).await?;
             stored
         }
     };
