@@ -17,12 +17,11 @@
 use std::collections::HashMap;
 use std::future::Future;
 
-use axum::response::sse::Event;
 use serde_json::{Value, json};
 use tokio::sync::broadcast::{self, error::RecvError};
-use tokio::sync::mpsc;
 
 use super::events::{self, AgUiEvent};
+use super::out::Out;
 use super::sse;
 use crate::journal::Entry;
 use crate::model::LiveOps;
@@ -70,8 +69,6 @@ pub enum Waited<T> {
     Done(T),
     /// Text came for a step after one the stream has not read: read the journal now.
     Behind,
-    /// The client went away.
-    Gone,
 }
 
 impl Live {
@@ -96,7 +93,7 @@ impl Live {
     pub async fn relay<T>(
         &mut self,
         thread: &str,
-        tx: &mpsc::Sender<Event>,
+        out: &Out,
         wait: impl Future<Output = T>,
     ) -> Waited<T> {
         let mut wait = std::pin::pin!(wait);
@@ -104,9 +101,8 @@ impl Live {
             tokio::select! {
                 done = &mut wait => return Waited::Done(done),
                 heard = self.hear() => {
-                    let events = self.heard(thread, heard);
-                    if !send(tx, &events).await {
-                        return Waited::Gone;
+                    for event in self.heard(thread, heard) {
+                        out.send(sse(&event)).await;
                     }
                     if let Some(m) = &self.message
                         && m.step > self.journaled + 1
@@ -116,7 +112,6 @@ impl Live {
                         return Waited::Behind;
                     }
                 }
-                () = tx.closed() => return Waited::Gone,
             }
         }
     }
@@ -310,13 +305,4 @@ fn rename(events: &mut [AgUiEvent], id: &str) {
             }
         }
     }
-}
-
-async fn send(tx: &mpsc::Sender<Event>, events: &[AgUiEvent]) -> bool {
-    for event in events {
-        if tx.send(sse(event)).await.is_err() {
-            return false;
-        }
-    }
-    true
 }

@@ -12,6 +12,7 @@
 
 pub mod events;
 mod live;
+mod out;
 
 use std::convert::Infallible;
 use std::time::{Duration, Instant};
@@ -21,11 +22,12 @@ use axum::http::HeaderMap;
 use axum::http::request::Parts;
 use axum::response::sse::{Event, KeepAlive, Sse};
 use axum::response::{IntoResponse, Response};
-use tokio::sync::{mpsc, oneshot};
+use tokio::sync::oneshot;
 use tokio::task::JoinHandle;
 
 pub use events::{AgUiEvent, Position};
 use live::{Live, Waited};
+use out::{Followed, Out};
 
 use crate::journal::wake::Follow;
 
@@ -140,17 +142,12 @@ impl Tail {
     }
 }
 
-/// The stream as an SSE response: its events come from a task that reads the journal,
-/// and stops when the client goes away (the operation does not).
+/// The stream as an SSE response: its body polls the follower that reads the journal
+/// (out.rs), and drops it when the client goes away (the operation goes on).
 pub fn respond(tail: Tail, finish: Finish) -> Response {
-    let (tx, rx) = mpsc::channel::<Event>(32);
-    tokio::spawn(follow(tail, finish, tx));
-    let stream = futures_util::stream::unfold(rx, |mut rx| async move {
-        rx.recv()
-            .await
-            .map(|event| (Ok::<_, Infallible>(event), rx))
-    });
-    Sse::new(stream)
+    let out = Out::default();
+    let follower = follow(tail, finish, out.clone());
+    Sse::new(Followed::new(follower, out))
         .keep_alive(KeepAlive::default())
         .into_response()
 }
@@ -164,23 +161,19 @@ fn sse(event: &AgUiEvent) -> Event {
 }
 
 /// Sends the operation's events after `tail.after` as its journal grows, then its last.
-async fn follow(tail: Tail, mut finish: Finish, tx: mpsc::Sender<Event>) {
+async fn follow(tail: Tail, mut finish: Finish, out: Out) {
     let mut at = match tail.after {
         Some(after) => {
             if tail.announce {
                 let mut started = events::run_started(&tail.key, &tail.run_id);
                 started.id = None;
-                if tx.send(sse(&started)).await.is_err() {
-                    return;
-                }
+                out.send(sse(&started)).await;
             }
             after
         }
         None => {
             let started = events::run_started(&tail.key, &tail.run_id);
-            if tx.send(sse(&started)).await.is_err() {
-                return;
-            }
+            out.send(sse(&started)).await;
             Position::default()
         }
     };
@@ -251,24 +244,20 @@ async fn follow(tail: Tail, mut finish: Finish, tx: mpsc::Sender<Event>) {
                 Some(id) => at = id,
                 None => {}
             }
-            if tx.send(sse(event)).await.is_err() {
-                return;
-            }
+            out.send(sse(event)).await;
         }
         if let Some((status, body)) = ended {
             let call = events::waiting_call(&entries);
             let last = events::last(&tail.key, &tail.run_id, status, &body, call);
             for event in live.close().iter().chain([&last]) {
-                if tx.send(sse(event)).await.is_err() {
-                    return;
-                }
+                out.send(sse(event)).await;
             }
             return;
         }
         let thread = &tail.key;
         match &mut finish {
             Finish::Task(run) => {
-                let waited = live.relay(thread, &tx, async {
+                let waited = live.relay(thread, &out, async {
                     tokio::select! {
                         () = follow.changed() => None,
                         _ = tokio::time::sleep(SAFETY_POLL) => None,
@@ -276,7 +265,6 @@ async fn follow(tail: Tail, mut finish: Finish, tx: mpsc::Sender<Event>) {
                     }
                 });
                 match waited.await {
-                    Waited::Gone => return,
                     Waited::Done(None) | Waited::Behind => {}
                     Waited::Done(Some(done)) => {
                         // Its rows all committed here before its task ended, each commit
@@ -288,15 +276,13 @@ async fn follow(tail: Tail, mut finish: Finish, tx: mpsc::Sender<Event>) {
                 }
             }
             Finish::Record => {
-                let waited = live.relay(thread, &tx, async {
+                live.relay(thread, &out, async {
                     tokio::select! {
                         () = follow.changed() => {}
                         _ = tokio::time::sleep(POLL) => {}
                     }
-                });
-                if let Waited::Gone = waited.await {
-                    return;
-                }
+                })
+                .await;
             }
             Finish::Answered(..) => {}
         }
@@ -304,7 +290,7 @@ async fn follow(tail: Tail, mut finish: Finish, tx: mpsc::Sender<Event>) {
 }
 
 /// The operation's record as it stands. Its read is boxed, as the journal's: inline, each
-/// would make every stream's task as large as itself for the stream's whole life.
+/// would make every stream's follower as large as itself for the stream's whole life.
 async fn record_status(
     app: &AppState,
     owner: &str,
