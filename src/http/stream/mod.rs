@@ -233,18 +233,18 @@ async fn follow(tail: Tail, mut finish: Finish, out: Out) {
         };
         // Live text (id-less) comes between the journal's events: see live.rs.
         // The journal's events, with the live text sent meanwhile fitted in (live.rs),
-        // then the live text that may go now.
-        let mut events: Vec<AgUiEvent> = (entries.iter())
+        // then the live text that may go now. Dropped once sent: kept while the stream
+        // waited, every waiting stream held its journal's events as JSON (figure 12).
+        let made = (entries.iter())
             .flat_map(|entry| live.of_step(&tail.key, entry))
-            .collect();
-        events.extend(live.flush(&tail.key));
-        for event in &events {
+            .collect::<Vec<AgUiEvent>>();
+        for event in made.into_iter().chain(live.flush(&tail.key)) {
             match event.id {
                 Some(id) if id <= at => continue,
                 Some(id) => at = id,
                 None => {}
             }
-            out.send(sse(event)).await;
+            out.send(sse(&event)).await;
         }
         if let Some((status, body)) = ended {
             let call = events::waiting_call(&entries);
