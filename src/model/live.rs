@@ -109,13 +109,22 @@ impl LiveOps {
         let ops = self.0.ops.lock().expect("never poisoned");
         let (op, _) = ops.get(&(owner.to_owned(), key.to_owned()))?;
         let mut rx = op.writing.subscribe();
-        // What is being written now is the first thing heard.
+        // What is being written now is the first thing heard; of a request that broke
+        // before the watcher came, nothing is.
         rx.mark_changed();
+        let (heard, len, broken) = {
+            let writing = rx.borrow();
+            let heard = (writing.step, writing.attempt);
+            match writing.broken {
+                true => (heard, writing.text.len(), true),
+                false => (heard, 0, false),
+            }
+        };
         Some(Watcher {
             rx,
-            heard: (0, 0),
-            len: 0,
-            broken: false,
+            heard,
+            len,
+            broken,
         })
     }
 }
@@ -140,12 +149,10 @@ impl Watcher {
             let writing = self.rx.borrow_and_update();
             let (step, attempt) = (writing.step, writing.attempt);
             if (step, attempt) != self.heard {
+                // A request that began after the watcher came: all of its text is heard,
+                // then its break if it broke before the watcher looked.
                 self.heard = (step, attempt);
-                // A request that broke before this watcher heard of it: nothing to hear.
-                (self.len, self.broken) = match writing.broken {
-                    true => (writing.text.len(), true),
-                    false => (0, false),
-                };
+                (self.len, self.broken) = (0, false);
             }
             let mut heard = Vec::new();
             if writing.text.len() > self.len {
@@ -314,6 +321,30 @@ mod tests {
         drop((watched, live));
         assert!(ops.publisher("ann", "k", 3).is_none(), "unwatched");
         assert_eq!(watcher.next().await, None, "nothing more once unwatched");
+    }
+
+    #[tokio::test]
+    async fn a_request_that_broke_before_its_watcher_looked_is_heard_whole_then_its_break() {
+        let ops = LiveOps::default();
+        let _watched = ops.open("ann", "k");
+        let live = ops.publisher("ann", "k", 1).unwrap();
+        let mut watcher = ops.subscribe("ann", "k").unwrap();
+        // The whole answer written and cut before the watcher looks (an endless stream
+        // over the bound, in a few milliseconds).
+        let first = live.attempt();
+        first.text("and on ");
+        first.text("and on ");
+        drop(first);
+        assert_eq!(
+            watcher.next().await,
+            Some(vec![
+                text(1, 1, "and on and on "),
+                LiveEvent::Broken {
+                    step: 1,
+                    attempt: 1
+                }
+            ])
+        );
     }
 
     #[tokio::test]
