@@ -235,14 +235,35 @@ impl Service<ModelCall> for ChatTransport {
         Poll::Ready(Ok(()))
     }
 
-    fn call(&mut self, call: ModelCall) -> Self::Future {
+    fn call(&mut self, mut call: ModelCall) -> Self::Future {
         let post = self.0.clone();
-        Box::pin(async move { post.send(call).await })
+        // A box of its own for each: a request streamed to a watcher is the rare one, and
+        // inline its future (the open request and the stream's reader) made every model
+        // request's future as large (figure 2, docs/benchmark.md); boxed inside the plain
+        // request's, a streamed request held both boxes while it waited (figure 12).
+        match call.live.take() {
+            Some(live) => Box::pin(async move { post.streamed(call, live).await }),
+            None => Box::pin(async move { post.send(call).await }),
+        }
     }
 }
 
 impl ChatPost {
-    async fn send(&self, call: ModelCall) -> Result<ChatResponse, ModelError> {
+    /// The request's head, as each attempt sends it.
+    fn head(&self) -> Request<()> {
+        let mut request = Request::post(self.transport.uri().clone())
+            .header(CONTENT_TYPE, HeaderValue::from_static("application/json"))
+            .body(())
+            .expect("a parsed URI and static headers make a request");
+        let headers = request.headers_mut();
+        if let Some(authorization) = &self.authorization {
+            headers.insert(AUTHORIZATION, authorization.clone());
+        }
+        genai::inject_traceparent(headers);
+        request
+    }
+
+    fn sending(call: &ModelCall) {
         call.sending();
         tracing::debug!(
             round = call.round,
@@ -250,25 +271,11 @@ impl ChatPost {
             body = %String::from_utf8_lossy(&call.body),
             "model request"
         );
-        let head = || {
-            let mut request = Request::post(self.transport.uri().clone())
-                .header(CONTENT_TYPE, HeaderValue::from_static("application/json"))
-                .body(())
-                .expect("a parsed URI and static headers make a request");
-            let headers = request.headers_mut();
-            if let Some(authorization) = &self.authorization {
-                headers.insert(AUTHORIZATION, authorization.clone());
-            }
-            genai::inject_traceparent(headers);
-            request
-        };
-        if let Some(live) = &call.live {
-            // Boxed: a request streamed to a watcher is the rare one, and inline its
-            // future (the open request and the stream's reader) made every model
-            // request's future as large (figure 2, docs/benchmark.md).
-            return Box::pin(self.streamed(head, &call, live)).await;
-        }
-        let response = self.transport.send(head, &call).await?;
+    }
+
+    async fn send(&self, call: ModelCall) -> Result<ChatResponse, ModelError> {
+        Self::sending(&call);
+        let response = self.transport.send(|| self.head(), &call).await?;
         let status = response.status();
         let retry_after = retry_after(response.headers());
         let body = response.into_body();
@@ -303,15 +310,11 @@ impl ChatPost {
 impl ChatPost {
     /// The answer as the provider streams it: a failure's status and body as ever, a
     /// success's events read as they come (`stream.rs`).
-    async fn streamed(
-        &self,
-        head: impl Fn() -> Request<()>,
-        call: &ModelCall,
-        live: &LiveText,
-    ) -> Result<ChatResponse, ModelError> {
+    async fn streamed(&self, call: ModelCall, live: LiveText) -> Result<ChatResponse, ModelError> {
+        Self::sending(&call);
         // From before the request goes: a timeout or a failure at any point says Broken.
         let attempt = live.attempt();
-        let response = self.transport.open(head, call).await?;
+        let response = self.transport.open(|| self.head(), &call).await?;
         let status = response.status();
         if !status.is_success() {
             let retry_after = retry_after(response.headers());

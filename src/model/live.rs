@@ -12,16 +12,9 @@ use std::collections::HashMap;
 use std::sync::atomic::{AtomicU32, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 
-use tokio::sync::broadcast;
+use tokio::sync::watch;
 
-/// Pieces a watcher may fall behind by before it loses the live text (the journal's
-/// whole text is sent instead). A watcher relays each piece as it comes, so it is
-/// behind only while its client reads slower than the model writes. The ring is
-/// allocated whole for each watched operation (about 72 B a piece): at 1,024 it was
-/// some 72 KB each, four times a waiting stream's whole budget (bench figure 12).
-const BACKLOG: usize = 16;
-
-/// What the loop says of an answer being written.
+/// What the loop says of an answer being written, as a watcher hears it.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum LiveEvent {
     /// More text of the answer at journal step `step`, from request `attempt` (numbered
@@ -51,10 +44,23 @@ struct Registry {
 type OpId = (String, String);
 
 struct Op {
-    tx: broadcast::Sender<LiveEvent>,
-    /// The answer being written: what a watcher that subscribes mid-answer starts from.
-    writing: Mutex<Option<(i64, u32, String)>>,
+    /// The answer being written, the text so far: a watcher reads what it has not heard
+    /// of it, so none falls behind and loses pieces, and an operation costs one value,
+    /// not a ring of pieces (tokio's broadcast, 16 deep: 1.2 KB an operation, bench
+    /// figure 12).
+    writing: watch::Sender<Writing>,
     attempts: AtomicU32,
+}
+
+/// The request whose text was written last, and its text so far.
+#[derive(Debug, Default)]
+struct Writing {
+    /// Its answer's journal step; 0: none yet.
+    step: i64,
+    attempt: u32,
+    text: String,
+    /// It ended without its answer.
+    broken: bool,
 }
 
 impl std::fmt::Debug for LiveOps {
@@ -70,10 +76,8 @@ impl LiveOps {
         let mut ops = self.0.ops.lock().expect("never poisoned");
         let entry = ops.entry(id.clone()).or_insert_with(|| {
             self.0.count.fetch_add(1, Ordering::Relaxed);
-            let (tx, _) = broadcast::channel(BACKLOG);
             let op = Op {
-                tx,
-                writing: Mutex::new(None),
+                writing: watch::Sender::new(Writing::default()),
                 attempts: AtomicU32::new(0),
             };
             (Arc::new(op), 0)
@@ -99,25 +103,74 @@ impl LiveOps {
         })
     }
 
-    /// The live text of this operation, if it is watched here: what is being written now
-    /// (as one `Text`), then what comes.
-    pub fn subscribe(
-        &self,
-        owner: &str,
-        key: &str,
-    ) -> Option<(Option<LiveEvent>, broadcast::Receiver<LiveEvent>)> {
+    /// The live text of this operation, if it is watched here: what is being written now,
+    /// then what comes.
+    pub fn subscribe(&self, owner: &str, key: &str) -> Option<Watcher> {
         let ops = self.0.ops.lock().expect("never poisoned");
         let (op, _) = ops.get(&(owner.to_owned(), key.to_owned()))?;
-        // Under the lock the publishers take: nothing is missed or heard twice.
-        let writing = op.writing.lock().expect("never poisoned");
-        let now = writing
-            .clone()
-            .map(|(step, attempt, text)| LiveEvent::Text {
-                step,
-                attempt,
-                text,
-            });
-        Some((now, op.tx.subscribe()))
+        let mut rx = op.writing.subscribe();
+        // What is being written now is the first thing heard; of a request that broke
+        // before the watcher came, nothing is.
+        rx.mark_changed();
+        let (heard, len, broken) = {
+            let writing = rx.borrow();
+            let heard = (writing.step, writing.attempt);
+            match writing.broken {
+                true => (heard, writing.text.len(), true),
+                false => (heard, 0, false),
+            }
+        };
+        Some(Watcher {
+            rx,
+            heard,
+            len,
+            broken,
+        })
+    }
+}
+
+/// One watcher of an operation's live text.
+pub struct Watcher {
+    rx: watch::Receiver<Writing>,
+    /// The (step, attempt) heard last, how many bytes of its text, and whether its
+    /// break was heard.
+    heard: (i64, u32),
+    len: usize,
+    broken: bool,
+}
+
+impl Watcher {
+    /// What was written since the last call, once there is some: the text that request
+    /// wrote since (all it wrote, for a request not heard of before), its break. `None`
+    /// once the operation is no longer watched.
+    pub async fn next(&mut self) -> Option<Vec<LiveEvent>> {
+        loop {
+            self.rx.changed().await.ok()?;
+            let writing = self.rx.borrow_and_update();
+            let (step, attempt) = (writing.step, writing.attempt);
+            if (step, attempt) != self.heard {
+                // A request that began after the watcher came: all of its text is heard,
+                // then its break if it broke before the watcher looked.
+                self.heard = (step, attempt);
+                (self.len, self.broken) = (0, false);
+            }
+            let mut heard = Vec::new();
+            if writing.text.len() > self.len {
+                heard.push(LiveEvent::Text {
+                    step,
+                    attempt,
+                    text: writing.text[self.len..].to_owned(),
+                });
+                self.len = writing.text.len();
+            }
+            if writing.broken && !self.broken {
+                self.broken = true;
+                heard.push(LiveEvent::Broken { step, attempt });
+            }
+            if !heard.is_empty() {
+                return Some(heard);
+            }
+        }
     }
 }
 
@@ -181,17 +234,17 @@ impl LiveAttempt {
         if piece.is_empty() {
             return;
         }
-        let mut writing = self.op.writing.lock().expect("never poisoned");
-        match writing.as_mut() {
-            Some((step, attempt, text)) if (*step, *attempt) == (self.step, self.attempt) => {
-                text.push_str(piece)
+        self.op.writing.send_modify(|writing| {
+            if (writing.step, writing.attempt) == (self.step, self.attempt) {
+                writing.text.push_str(piece);
+            } else {
+                *writing = Writing {
+                    step: self.step,
+                    attempt: self.attempt,
+                    text: piece.to_owned(),
+                    broken: false,
+                };
             }
-            _ => *writing = Some((self.step, self.attempt, piece.to_owned())),
-        }
-        let _ = self.op.tx.send(LiveEvent::Text {
-            step: self.step,
-            attempt: self.attempt,
-            text: piece.to_owned(),
         });
     }
 
@@ -206,16 +259,13 @@ impl Drop for LiveAttempt {
         if self.finished {
             return;
         }
-        let mut writing = self.op.writing.lock().expect("never poisoned");
-        if writing
-            .as_ref()
-            .is_some_and(|(s, a, _)| (*s, *a) == (self.step, self.attempt))
-        {
-            *writing = None;
-        }
-        let _ = self.op.tx.send(LiveEvent::Broken {
-            step: self.step,
-            attempt: self.attempt,
+        // Only a request that wrote text has anything to take back.
+        self.op.writing.send_if_modified(|writing| {
+            let this = (writing.step, writing.attempt) == (self.step, self.attempt);
+            if this {
+                writing.broken = true;
+            }
+            this
         });
     }
 }
@@ -224,49 +274,98 @@ impl Drop for LiveAttempt {
 mod tests {
     use super::*;
 
-    #[test]
-    fn a_watcher_hears_the_answer_being_written_then_what_comes() {
+    fn text(step: i64, attempt: u32, text: &str) -> LiveEvent {
+        LiveEvent::Text {
+            step,
+            attempt,
+            text: text.into(),
+        }
+    }
+
+    #[tokio::test]
+    async fn a_watcher_hears_the_answer_being_written_then_what_comes() {
         let ops = LiveOps::default();
         assert!(ops.publisher("ann", "k", 3).is_none(), "nobody watches");
         let watched = ops.open("ann", "k");
         let live = ops.publisher("ann", "k", 3).expect("watched");
         let first = live.attempt();
         first.text("Your ");
-        let (now, mut rx) = ops.subscribe("ann", "k").unwrap();
-        assert_eq!(
-            now,
-            Some(LiveEvent::Text {
-                step: 3,
-                attempt: 1,
-                text: "Your ".into()
-            })
-        );
+        let mut watcher = ops.subscribe("ann", "k").unwrap();
+        assert_eq!(watcher.next().await, Some(vec![text(3, 1, "Your ")]));
         first.text("pay");
-        drop(first);
-        let second = live.attempt();
-        second.text("Paid.");
-        second.finished();
-        let heard: Vec<LiveEvent> = std::iter::from_fn(|| rx.try_recv().ok()).collect();
+        first.text("ment ");
         assert_eq!(
-            heard,
-            vec![
-                LiveEvent::Text {
-                    step: 3,
-                    attempt: 1,
-                    text: "pay".into()
-                },
+            watcher.next().await,
+            Some(vec![text(3, 1, "payment ")]),
+            "what was written since, none of it lost"
+        );
+        first.text("of");
+        drop(first);
+        assert_eq!(
+            watcher.next().await,
+            Some(vec![
+                text(3, 1, "of"),
                 LiveEvent::Broken {
                     step: 3,
                     attempt: 1
-                },
-                LiveEvent::Text {
-                    step: 3,
-                    attempt: 2,
-                    text: "Paid.".into()
-                },
-            ]
+                }
+            ])
         );
-        drop(watched);
+        // A watcher that comes after a request broke hears nothing of it.
+        let mut late = ops.subscribe("ann", "k").unwrap();
+        let second = live.attempt();
+        second.text("Paid.");
+        assert_eq!(watcher.next().await, Some(vec![text(3, 2, "Paid.")]));
+        assert_eq!(late.next().await, Some(vec![text(3, 2, "Paid.")]));
+        second.finished();
+        drop((watched, live));
         assert!(ops.publisher("ann", "k", 3).is_none(), "unwatched");
+        assert_eq!(watcher.next().await, None, "nothing more once unwatched");
+    }
+
+    #[tokio::test]
+    async fn a_request_that_broke_before_its_watcher_looked_is_heard_whole_then_its_break() {
+        let ops = LiveOps::default();
+        let _watched = ops.open("ann", "k");
+        let live = ops.publisher("ann", "k", 1).unwrap();
+        let mut watcher = ops.subscribe("ann", "k").unwrap();
+        // The whole answer written and cut before the watcher looks (an endless stream
+        // over the bound, in a few milliseconds).
+        let first = live.attempt();
+        first.text("and on ");
+        first.text("and on ");
+        drop(first);
+        let heard = tokio::time::timeout(std::time::Duration::from_secs(1), watcher.next()).await;
+        assert_eq!(
+            heard.expect("the broken request is heard, not skipped"),
+            Some(vec![
+                text(1, 1, "and on and on "),
+                LiveEvent::Broken {
+                    step: 1,
+                    attempt: 1
+                }
+            ])
+        );
+    }
+
+    #[tokio::test]
+    async fn a_watcher_that_missed_a_break_hears_the_next_request_whole() {
+        let ops = LiveOps::default();
+        let _watched = ops.open("ann", "k");
+        let live = ops.publisher("ann", "k", 3).unwrap();
+        let mut watcher = ops.subscribe("ann", "k").unwrap();
+        let first = live.attempt();
+        first.text("Your pay");
+        assert_eq!(watcher.next().await, Some(vec![text(3, 1, "Your pay")]));
+        first.text("ment");
+        drop(first);
+        let second = live.attempt();
+        second.text("Your ");
+        second.text("payment");
+        assert_eq!(
+            watcher.next().await,
+            Some(vec![text(3, 2, "Your payment")]),
+            "the second request's text from its start"
+        );
     }
 }

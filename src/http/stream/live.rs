@@ -11,28 +11,24 @@
 //! - When step S is journaled: if the last live message's text is the journaled text,
 //!   its `TEXT_MESSAGE_START` and `TEXT_MESSAGE_CONTENT` are not sent again, and the
 //!   journal's `TEXT_MESSAGE_END` (with its id, S.3) ends the live message. Otherwise (a
-//!   broken request, a piece missed) the journal's events are sent whole, their message
+//!   broken request, text not yet heard) the journal's events are sent whole, their message
 //!   named `THREAD-S-(n+1)` when `THREAD-S` was taken by a live message.
 
 use std::collections::HashMap;
 use std::future::Future;
 
-use axum::response::sse::Event;
 use serde_json::{Value, json};
-use tokio::sync::broadcast::{self, error::RecvError};
-use tokio::sync::mpsc;
 
 use super::events::{self, AgUiEvent};
+use super::out::Out;
 use super::sse;
 use crate::journal::Entry;
 use crate::model::LiveOps;
-use crate::model::live::LiveEvent;
+use crate::model::live::{LiveEvent, Watcher};
 
 /// The live text of one stream's operation, if it is watched on this instance.
 pub struct Live {
-    rx: Option<broadcast::Receiver<LiveEvent>>,
-    /// What was being written when the stream subscribed.
-    first: Option<LiveEvent>,
+    watcher: Option<Watcher>,
     /// The live message being written, if any.
     message: Option<Message>,
     /// The last journal step whose events were made.
@@ -53,7 +49,7 @@ struct Message {
     text: String,
     /// Bytes of `text` sent.
     sent: usize,
-    /// Its request broke, or pieces of it were missed: not the answer.
+    /// Its request broke: not the answer.
     spoiled: bool,
     ended: bool,
 }
@@ -70,20 +66,13 @@ pub enum Waited<T> {
     Done(T),
     /// Text came for a step after one the stream has not read: read the journal now.
     Behind,
-    /// The client went away.
-    Gone,
 }
 
 impl Live {
     /// Subscribes to the operation's live text; inert when it is not watched here.
     pub fn watch(live: &LiveOps, owner: &str, key: &str) -> Live {
-        let (first, rx) = match live.subscribe(owner, key) {
-            Some((first, rx)) => (first, Some(rx)),
-            None => (None, None),
-        };
         Live {
-            rx,
-            first,
+            watcher: live.subscribe(owner, key),
             message: None,
             journaled: 0,
             started: HashMap::new(),
@@ -96,7 +85,7 @@ impl Live {
     pub async fn relay<T>(
         &mut self,
         thread: &str,
-        tx: &mpsc::Sender<Event>,
+        out: &Out,
         wait: impl Future<Output = T>,
     ) -> Waited<T> {
         let mut wait = std::pin::pin!(wait);
@@ -104,9 +93,8 @@ impl Live {
             tokio::select! {
                 done = &mut wait => return Waited::Done(done),
                 heard = self.hear() => {
-                    let events = self.heard(thread, heard);
-                    if !send(tx, &events).await {
-                        return Waited::Gone;
+                    for event in self.heard(thread, heard) {
+                        out.send(sse(&event)).await;
                     }
                     if let Some(m) = &self.message
                         && m.step > self.journaled + 1
@@ -116,38 +104,36 @@ impl Live {
                         return Waited::Behind;
                     }
                 }
-                () = tx.closed() => return Waited::Gone,
             }
         }
     }
 
-    /// The next live event; `None`: some were missed. Never ends while nothing comes.
-    async fn hear(&mut self) -> Option<LiveEvent> {
-        if let Some(first) = self.first.take() {
-            return Some(first);
-        }
-        let Some(rx) = &mut self.rx else {
+    /// What was written since it was last asked. Never ends while nothing comes.
+    async fn hear(&mut self) -> Vec<LiveEvent> {
+        let Some(watcher) = &mut self.watcher else {
             return std::future::pending().await;
         };
-        match rx.recv().await {
-            Ok(event) => Some(event),
-            Err(RecvError::Lagged(_)) => None,
-            Err(RecvError::Closed) => {
-                self.rx = None;
+        match watcher.next().await {
+            Some(heard) => heard,
+            None => {
+                self.watcher = None;
                 std::future::pending().await
             }
         }
     }
 
-    fn heard(&mut self, thread: &str, heard: Option<LiveEvent>) -> Vec<AgUiEvent> {
+    fn heard(&mut self, thread: &str, heard: Vec<LiveEvent>) -> Vec<AgUiEvent> {
         let mut out = Vec::new();
+        for event in heard {
+            self.hear_one(event, &mut out);
+            out.extend(self.flush(thread));
+        }
+        out
+    }
+
+    fn hear_one(&mut self, heard: LiveEvent, out: &mut Vec<AgUiEvent>) {
         match heard {
-            None => {
-                if let Some(message) = &mut self.message {
-                    message.spoiled = true;
-                }
-            }
-            Some(LiveEvent::Broken { step, attempt }) => {
+            LiveEvent::Broken { step, attempt } => {
                 if let Some(message) = self
                     .message
                     .as_mut()
@@ -157,13 +143,13 @@ impl Live {
                     out.extend(end(message));
                 }
             }
-            Some(LiveEvent::Text {
+            LiveEvent::Text {
                 step,
                 attempt,
                 text,
-            }) => {
+            } => {
                 if step <= self.journaled {
-                    return out;
+                    return;
                 }
                 match &mut self.message {
                     Some(m) if (m.step, m.attempt) == (step, attempt) => m.text.push_str(&text),
@@ -185,8 +171,6 @@ impl Live {
                 }
             }
         }
-        out.extend(self.flush(thread));
-        out
     }
 
     /// The live text that may be sent now: its message's start, then what is unsent.
@@ -310,13 +294,4 @@ fn rename(events: &mut [AgUiEvent], id: &str) {
             }
         }
     }
-}
-
-async fn send(tx: &mpsc::Sender<Event>, events: &[AgUiEvent]) -> bool {
-    for event in events {
-        if tx.send(sse(event)).await.is_err() {
-            return false;
-        }
-    }
-    true
 }
