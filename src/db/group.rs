@@ -44,7 +44,7 @@ pub trait GroupWrite: Send + Sync + 'static {
 
     /// Writes `rows`; what became of each, in the order of `rows`. On Postgres in one
     /// statement, which is its commit; on SQLite inside the transaction that
-    /// [`SqliteWriter`] opened, with the other tables' groups of the moment.
+    /// `SqliteWriter` opened, with the other tables' groups of the moment.
     fn write(
         &self,
         conn: Conn<'_>,
@@ -88,7 +88,7 @@ impl<W: GroupWrite> GroupWriter<W> {
     /// which the pool's `close` would wait for.
     ///
     /// On SQLite the table's queue is one more of the tables that SQLite's one writer
-    /// commits together ([`SqliteWriter`]).
+    /// commits together (`SqliteWriter`).
     pub fn start(db: &Database, table: W) -> GroupWriter<W> {
         let (queue, pending) = mpsc::channel(MAX_GROUP);
         let table = Arc::new(table);
