@@ -287,13 +287,7 @@ impl ChatPost {
             "model response"
         );
         if !status.is_success() {
-            let (code, message) = error_fields(status.as_u16(), &body);
-            return Err(ModelError::new(ModelErrorKind::Status {
-                status: status.as_u16(),
-                code,
-                message,
-                retry_after,
-            }));
+            return Err(status_error(status.as_u16(), &body, retry_after));
         }
         // The body's UTF-8 checked once, not string by string as `from_slice` checks it.
         let text = std::str::from_utf8(&body)
@@ -323,13 +317,7 @@ impl ChatPost {
             while let Some(piece) = futures_util::StreamExt::next(&mut pieces).await {
                 body.extend_from_slice(&piece?);
             }
-            let (code, message) = error_fields(status.as_u16(), &body);
-            return Err(ModelError::new(ModelErrorKind::Status {
-                status: status.as_u16(),
-                code,
-                message,
-                retry_after,
-            }));
+            return Err(status_error(status.as_u16(), &body, retry_after));
         }
         let answer = stream::read(response.into_body(), attempt).await;
         tracing::debug!(
@@ -354,6 +342,18 @@ fn retry_after(headers: &HeaderMap) -> Option<Duration> {
         date.duration_since(SystemTime::now())
             .unwrap_or(Duration::ZERO),
     )
+}
+
+/// A provider's answer that is not a success: its status, its error body's fields, and
+/// how long it asked us to wait.
+fn status_error(status: u16, body: &[u8], retry_after: Option<Duration>) -> ModelError {
+    let (code, message) = error_fields(status, body);
+    ModelError::new(ModelErrorKind::Status {
+        status,
+        code,
+        message,
+        retry_after,
+    })
 }
 
 /// The `code` and `message` of an OpenAI-style error body, or the body's start. A numeric
