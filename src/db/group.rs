@@ -126,6 +126,19 @@ impl<W: GroupWrite> GroupWriter<W> {
     }
 }
 
+/// A group's statement finds its rows by key: each row of the group one probe of the
+/// table's primary key. Postgres plans a prepared statement once per connection and keeps
+/// that plan until the table is next analyzed; planned while the table was small (a new
+/// database, the first seconds under load), the plan scanned the whole table for every
+/// row of the group, and kept doing so as the table grew: a saved answer's group took 30-
+/// 60 ms at 20,000 records (issue 34; autovacuum, which analyzes, may be off or behind).
+/// With sequential scans off on the connections the writers keep, the kept plan probes by
+/// key whatever the table's size was when it was made (a pool of one connection, which
+/// no writer keeps, goes without). Planning every execution afresh
+/// (`plan_cache_mode = force_custom_plan`) also mends it, at 60-100 µs of Postgres's CPU
+/// a keyed checkout.
+const BY_KEY: &str = "SET enable_seqscan = off";
+
 /// The writer's side on Postgres: a group is one statement on one connection, which it
 /// keeps when the pool has others to spare. Taking one from the pool for every group had
 /// the pool open new ones as load rose, and opening one with TLS took sqlx about 90 ms
@@ -143,13 +156,17 @@ impl<W: GroupWrite> Writer<W> {
     async fn write(&mut self, rows: &[W::Row]) -> Result<Vec<W::Out>, StoreError> {
         let mut conn = match self.kept.take() {
             Some(conn) => conn,
-            None => self.take().await?,
+            None => {
+                let taken = self.take().await;
+                self.suspect = taken.is_err();
+                taken?
+            }
         };
         // Kept only after a success: a connection that failed a statement is let go.
         let written = self.table.write(conn.conn(), rows).await;
         self.suspect = written.is_err();
         let written = written?;
-        if self.db.max_connections() > 1 {
+        if self.keeps() {
             self.kept = Some(conn);
         }
         self.table.committed(rows);
@@ -162,6 +179,23 @@ impl<W: GroupWrite> Writer<W> {
     /// the pool kept connections, where the loop retry has three attempts). The pool
     /// closes a connection whose ping failed when it is dropped.
     async fn take(&mut self) -> Result<Pooled, StoreError> {
+        let mut conn = self.take_alive().await?;
+        if let (true, Pooled::Postgres(c)) = (self.keeps(), &mut conn) {
+            // The setting is this writer's: when it lets go of the connection (a failed
+            // write, the end), the connection is closed, not handed to other statements.
+            c.close_on_drop();
+            sqlx::query(BY_KEY).execute(&mut **c).await?;
+        }
+        Ok(conn)
+    }
+
+    /// Whether the writer keeps its connection between groups: when the pool has others
+    /// to spare.
+    fn keeps(&self) -> bool {
+        self.db.max_connections() > 1
+    }
+
+    async fn take_alive(&mut self) -> Result<Pooled, StoreError> {
         if self.suspect {
             for _ in 0..self.db.max_connections() {
                 let mut conn = self.db.acquire().await?;
