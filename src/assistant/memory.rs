@@ -189,15 +189,12 @@ pub fn pins(ctx: &CheckoutContext, opening: &ChatRequest, models: &str) -> Strin
     let mut prompt = Sha256::new();
     prompt.update(serde_json::to_vec(&opening.messages).expect("messages serialize"));
     prompt.update(serde_json::to_vec(&opening.tools).expect("tools serialize"));
-    let digest: String = prompt
-        .finalize()
-        .iter()
-        .map(|b| format!("{b:02x}"))
-        .collect();
+    // The first 8 bytes, as 16 hex digits.
+    let digest = hex::encode(&prompt.finalize()[..8]);
     json!({
         "request": Fingerprint::of_checkout(ctx.order()).with_email(ctx.email()).as_str(),
         "model": models,
-        "prompt": &digest[..16],
+        "prompt": digest,
     })
     .to_string()
 }

@@ -241,7 +241,7 @@ pub struct KeyHash(String);
 impl KeyHash {
     pub fn of(key: &str) -> KeyHash {
         let digest = Sha256::digest(key.as_bytes());
-        KeyHash(hex(&digest))
+        KeyHash(hex::encode(digest))
     }
 
     pub fn as_str(&self) -> &str {
@@ -254,17 +254,13 @@ impl KeyHash {
     }
 }
 
-fn hex(bytes: &[u8]) -> String {
-    bytes.iter().map(|b| format!("{b:02x}")).collect()
-}
-
 pub const KEY_PREFIX: &str = "ck_";
 
 /// A fresh key: `ck_` and 32 random bytes in hex.
 pub fn generate_key() -> Result<String, getrandom::Error> {
     let mut bytes = [0u8; 32];
     getrandom::fill(&mut bytes)?;
-    Ok(format!("{KEY_PREFIX}{}", hex(&bytes)))
+    Ok(format!("{KEY_PREFIX}{}", hex::encode(bytes)))
 }
 
 /// A key name: 1–64 of `A-Z a-z 0-9 . _ -`, starting with a letter or digit.

@@ -22,10 +22,7 @@ pub fn message_id(caller: &str, operation_key: &str, kind: &str, sender: &Mailbo
         hash.update((part.len() as u64).to_be_bytes());
         hash.update(part.as_bytes());
     }
-    let hex: String = hash.finalize()[..20]
-        .iter()
-        .map(|b| format!("{b:02x}"))
-        .collect();
+    let hex = hex::encode(&hash.finalize()[..20]);
     format!("<{hex}.{kind}@{}>", sender.email.domain())
 }
 
