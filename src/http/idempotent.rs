@@ -191,12 +191,13 @@ pub(crate) async fn resume(
 }
 
 /// Renewals of this process's leases in flight at once: more wait for a turn before
-/// their renewal's future (a few KB, boxed) is made. Every operation renews a third of
-/// a lease after it began, so thousands that began together renew together: when the
-/// renewals queue (on SQLite's group writer, whose queue and group hold 1,024; on the
-/// pool), each held its future (bench figure 12, heaptrack at the peak: the renewals'
-/// boxes were the largest thing live). More than the group writer and the pool take at
-/// once: no renewal waits here for a statement that could run.
+/// their renewal's future (boxed: on SQLite a queued row, on Postgres a few KB once its
+/// turn for a connection comes) is made. Every operation renews a third of a lease after
+/// it began, so thousands that began together renew together: when the renewals queue
+/// (on SQLite's group writer, whose queue and group hold 1,024; on the pool), each held
+/// its future (bench figure 12, heaptrack at the peak: the renewals' boxes were the
+/// largest thing live). More than the group writer and the pool take at once: no
+/// renewal waits here for a statement that could run.
 const RENEWALS_AT_ONCE: usize = 1024;
 static RENEWALS: tokio::sync::Semaphore = tokio::sync::Semaphore::const_new(RENEWALS_AT_ONCE);
 
@@ -216,7 +217,7 @@ async fn owned(app: AppState, lease: Lease, work: BoxFuture<'static, HttpAnswer>
             tick.tick().await;
             let renewed = {
                 let _turn = RENEWALS.acquire().await.expect("never closed");
-                Box::pin(records.renew(&lease, lease_for)).await
+                records.renew(&lease, lease_for).await
             };
             match renewed {
                 Ok(true) => {}
