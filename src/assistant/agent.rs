@@ -336,7 +336,9 @@ impl Inner {
                                 .remember(ctx, std::mem::take(&mut pending))
                                 .await?;
                         }
-                        pending.clear();
+                        // Emptied, not cleared: its room (four entries, some 860 B) would
+                        // be kept while the next round waits on the model (figure 12).
+                        pending = Vec::new();
                         output
                     }
                 };
