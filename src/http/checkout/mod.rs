@@ -153,9 +153,13 @@ pub(crate) fn start(
             }
             // Boxed, like the failure path: a handler future is as large as its largest
             // branch, and thousands of checkouts wait at once.
-            Started::Boxed(Box::pin(async move {
-                idempotent::once(&app, &caller.name, &key, &fingerprint, work).await
-            }))
+            Started::Boxed(Box::pin(idempotent::once(
+                app,
+                caller.name,
+                key,
+                fingerprint,
+                work,
+            )))
         }
         None => {
             let Some(slot) = app.admission().try_admit() else {
