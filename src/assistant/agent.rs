@@ -220,14 +220,20 @@ impl Inner {
                     ctx.used(&completion);
                     // Journaled with the first tool result it leads to (in the tool's
                     // own commit, when it has an effect), or alone if it asks for none.
-                    pending.extend(self.memory.answer(
+                    // Room for it alone: grown from empty, a Vec of these takes four
+                    // (864 B), and thousands of checkouts hold theirs while their charges
+                    // queue (figure 12).
+                    if let Some(entry) = self.memory.answer(
                         ctx,
                         step,
                         &completion.message,
                         completion.usage,
                         &pins,
                         name,
-                    ));
+                    ) {
+                        pending.reserve_exact(1);
+                        pending.push(entry);
+                    }
                     completion.message
                 }
             };
@@ -309,7 +315,9 @@ impl Inner {
                         // The answer (if not yet journaled) and this result: committed
                         // with the tool's effect, or appended once the tool is done.
                         let entries = self.memory.durable(ctx).then_some(|content| {
-                            let mut entries = pending.clone();
+                            // Exactly its rows: they wait in the tool's commit queue.
+                            let mut entries = Vec::with_capacity(pending.len() + 1);
+                            entries.extend_from_slice(&pending);
                             entries.extend(self.memory.tool(ctx, step, &call, content));
                             entries
                         });
@@ -336,7 +344,9 @@ impl Inner {
                                 .remember(ctx, std::mem::take(&mut pending))
                                 .await?;
                         }
-                        pending.clear();
+                        // Emptied, not cleared: its room (four entries, some 860 B) would
+                        // be kept while the next round waits on the model (figure 12).
+                        pending = Vec::new();
                         output
                     }
                 };

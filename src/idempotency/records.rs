@@ -238,7 +238,11 @@ impl GroupWrite for Inserts {
                         .push_bind(r.request.clone());
                 });
                 statement.push(SQLITE_INSERT_GROUP_TAIL);
-                statement.build_query_as().fetch_all(c).await?
+                statement
+                    .build_query_as()
+                    .persistent(crate::db::keep_prepared(rows.len()))
+                    .fetch_all(c)
+                    .await?
             }
         };
         // Two requests with one key in one group: the record is the first's; the other
@@ -317,7 +321,11 @@ impl GroupWrite for Completions {
                 // the save does, that the record be unfinished under the run's fence; the
                 // save then ends it.
                 journal::insert_sqlite(&mut *c, &closing).await?;
-                statement.build_query_as().fetch_all(c).await?
+                statement
+                    .build_query_as()
+                    .persistent(crate::db::keep_prepared(rows.len()))
+                    .fetch_all(c)
+                    .await?
             }
         };
         // Named by fence too: a zombie's row beside its successor's in one group is not

@@ -96,7 +96,11 @@ impl GroupWrite for Renewals {
                         .push_bind(r.lease_ms);
                 });
                 statement.push(SQLITE_RENEW_GROUP_TAIL);
-                statement.build_query_as().fetch_all(c).await?
+                statement
+                    .build_query_as()
+                    .persistent(crate::db::keep_prepared(rows.len()))
+                    .fetch_all(c)
+                    .await?
             }
         };
         // Named by fence too: a zombie's renewal beside its successor's in one group is

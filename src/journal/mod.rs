@@ -370,7 +370,11 @@ pub(crate) async fn insert_sqlite(
             .push_bind(row.key.fence);
     });
     statement.push(SQLITE_INSERT_TAIL);
-    Ok(statement.build_query_as().fetch_all(c).await?)
+    Ok(statement
+        .build_query_as()
+        .persistent(crate::db::keep_prepared(rows.len()))
+        .fetch_all(c)
+        .await?)
 }
 
 /// Rows as Postgres arrays, bound in the order [`pg_insert!`] names them; `receipt` is the

@@ -17,10 +17,10 @@
 
 use std::collections::HashMap;
 use std::hash::BuildHasher;
-use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 
-use tokio::sync::watch;
+use tokio::sync::Notify;
 
 use super::NewEntry;
 
@@ -28,10 +28,19 @@ use super::NewEntry;
 #[derive(Debug, Default)]
 pub struct Wake {
     /// A version per followed operation, bumped by each of its commits.
-    followed: Mutex<HashMap<u64, watch::Sender<()>>>,
+    followed: Mutex<HashMap<u64, Arc<Version>>>,
     /// How many streams follow anything: a commit with none to tell takes no lock.
     followers: AtomicUsize,
     hasher: std::hash::RandomState,
+}
+
+/// How many times a followed operation's rows committed, and its streams' wake-up. A
+/// counter and a `Notify`, some 50 bytes: a `tokio::sync::watch` channel, which this
+/// was, is some 300 (nine `Notify`s), one per waiting stream (bench figure 12).
+#[derive(Debug, Default)]
+struct Version {
+    commits: AtomicU64,
+    notify: Notify,
 }
 
 impl Wake {
@@ -43,18 +52,21 @@ impl Wake {
     /// is dropped.
     pub fn follow(self: &Arc<Self>, caller: &str, operation_key: &str) -> Follow {
         let id = self.hash(caller, operation_key);
-        let seen = self
+        let version = self
             .followed
             .lock()
             .expect("the wake registry's lock")
             .entry(id)
-            .or_insert_with(|| watch::Sender::new(()))
-            .subscribe();
+            .or_default()
+            .clone();
         self.followers.fetch_add(1, Ordering::Relaxed);
+        // Registered, not yet marked: every commit from now on is news.
+        let seen = version.commits.load(Ordering::Acquire);
         Follow {
             wake: self.clone(),
             id,
-            seen: Some(seen),
+            version: Some(version),
+            seen,
         }
     }
 
@@ -72,7 +84,8 @@ impl Wake {
                 continue;
             }
             if let Some(version) = followed.get(&id) {
-                version.send_replace(());
+                version.commits.fetch_add(1, Ordering::Release);
+                version.notify.notify_waiters();
             }
         }
     }
@@ -83,33 +96,46 @@ impl Wake {
 pub struct Follow {
     wake: Arc<Wake>,
     id: u64,
-    /// The last version of the operation seen. Taken (and dropped) under the registry's
-    /// lock, so that the last one out of an operation sees that it is the last.
-    seen: Option<watch::Receiver<()>>,
+    /// The operation's version. Taken (and dropped) under the registry's lock, so that
+    /// the last one out of an operation sees that it is the last.
+    version: Option<Arc<Version>>,
+    /// The version last marked as seen.
+    seen: u64,
 }
 
 impl Follow {
-    fn seen(&mut self) -> &mut watch::Receiver<()> {
-        self.seen
-            .as_mut()
-            .expect("a Follow holds its receiver until dropped")
+    fn version(&self) -> &Version {
+        self.version
+            .as_ref()
+            .expect("a Follow holds its version until dropped")
+    }
+
+    fn commits(&self) -> u64 {
+        self.version().commits.load(Ordering::Acquire)
     }
 
     /// Marks every commit so far as seen: call it before reading the journal.
     pub fn mark(&mut self) {
-        self.seen().borrow_and_update();
+        self.seen = self.commits();
     }
 
     /// Whether a row committed since the last [`Follow::mark`].
     pub fn has_changed(&mut self) -> bool {
-        self.seen().has_changed().unwrap_or(false)
+        self.commits() != self.seen
     }
 
     /// Returns when a row commits after the last [`Follow::mark`]: at once if one has.
     pub async fn changed(&mut self) {
-        if self.seen().changed().await.is_err() {
-            // The registry outlives its followers; were it gone, nothing would wake this.
-            std::future::pending::<()>().await;
+        let version = self.version();
+        loop {
+            // Listening before the count is read: a commit between the two wakes it.
+            let notified = version.notify.notified();
+            let mut notified = std::pin::pin!(notified);
+            notified.as_mut().enable();
+            if version.commits.load(Ordering::Acquire) != self.seen {
+                return;
+            }
+            notified.await;
         }
     }
 }
@@ -117,10 +143,10 @@ impl Follow {
 impl Drop for Follow {
     fn drop(&mut self) {
         let mut followed = self.wake.followed.lock().expect("the wake registry's lock");
-        drop(self.seen.take());
+        drop(self.version.take());
         if followed
             .get(&self.id)
-            .is_some_and(|version| version.receiver_count() == 0)
+            .is_some_and(|version| Arc::strong_count(version) == 1)
         {
             followed.remove(&self.id);
         }

@@ -9,10 +9,10 @@
 //! `stream: true`, and looking that up costs one atomic load.
 
 use std::collections::HashMap;
-use std::sync::atomic::{AtomicU32, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 
-use tokio::sync::watch;
+use tokio::sync::Notify;
 
 /// What the loop says of an answer being written, as a watcher hears it.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -48,8 +48,41 @@ struct Op {
     /// of it, so none falls behind and loses pieces, and an operation costs one value,
     /// not a ring of pieces (tokio's broadcast, 16 deep: 1.2 KB an operation, bench
     /// figure 12).
-    writing: watch::Sender<Writing>,
+    writing: Arc<Shared>,
     attempts: AtomicU32,
+}
+
+/// What the publishers and the watchers of an operation share: the text, a count of its
+/// changes and the watchers' wake-up. A `tokio::sync::watch` channel, which this was, is
+/// some 300 bytes more (nine `Notify`s) for every watched operation (bench figure 12).
+#[derive(Default)]
+struct Shared {
+    writing: Mutex<Writing>,
+    /// Bumped by every change, and when the operation is no longer published.
+    version: AtomicU64,
+    /// No publisher is left (the operation is no longer watched, its requests are done).
+    closed: AtomicBool,
+    notify: Notify,
+}
+
+impl Shared {
+    /// Changes the text (`change` says whether it did), and wakes the watchers if so.
+    fn modify(&self, change: impl FnOnce(&mut Writing) -> bool) {
+        let changed = change(&mut self.writing.lock().expect("never poisoned"));
+        if changed {
+            self.version.fetch_add(1, Ordering::Release);
+            self.notify.notify_waiters();
+        }
+    }
+}
+
+impl Drop for Op {
+    /// The watchers hear that nothing more comes, once they have heard what came.
+    fn drop(&mut self) {
+        self.writing.closed.store(true, Ordering::Release);
+        self.writing.version.fetch_add(1, Ordering::Release);
+        self.writing.notify.notify_waiters();
+    }
 }
 
 /// The request whose text was written last, and its text so far.
@@ -77,7 +110,7 @@ impl LiveOps {
         let entry = ops.entry(id.clone()).or_insert_with(|| {
             self.0.count.fetch_add(1, Ordering::Relaxed);
             let op = Op {
-                writing: watch::Sender::new(Writing::default()),
+                writing: Arc::default(),
                 attempts: AtomicU32::new(0),
             };
             (Arc::new(op), 0)
@@ -108,20 +141,21 @@ impl LiveOps {
     pub fn subscribe(&self, owner: &str, key: &str) -> Option<Watcher> {
         let ops = self.0.ops.lock().expect("never poisoned");
         let (op, _) = ops.get(&(owner.to_owned(), key.to_owned()))?;
-        let mut rx = op.writing.subscribe();
-        // What is being written now is the first thing heard; of a request that broke
-        // before the watcher came, nothing is.
-        rx.mark_changed();
-        let (heard, len, broken) = {
-            let writing = rx.borrow();
+        let shared = op.writing.clone();
+        // What is being written now is the first thing heard (as a change not yet seen);
+        // of a request that broke before the watcher came, nothing is.
+        let (heard, len, broken, seen) = {
+            let writing = shared.writing.lock().expect("never poisoned");
+            let seen = shared.version.load(Ordering::Acquire).wrapping_sub(1);
             let heard = (writing.step, writing.attempt);
             match writing.broken {
-                true => (heard, writing.text.len(), true),
-                false => (heard, 0, false),
+                true => (heard, writing.text.len(), true, seen),
+                false => (heard, 0, false, seen),
             }
         };
         Some(Watcher {
-            rx,
+            shared,
+            seen,
             heard,
             len,
             broken,
@@ -131,7 +165,9 @@ impl LiveOps {
 
 /// One watcher of an operation's live text.
 pub struct Watcher {
-    rx: watch::Receiver<Writing>,
+    shared: Arc<Shared>,
+    /// The version of the text last read.
+    seen: u64,
     /// The (step, attempt) heard last, how many bytes of its text, and whether its
     /// break was heard.
     heard: (i64, u32),
@@ -145,8 +181,8 @@ impl Watcher {
     /// once the operation is no longer watched.
     pub async fn next(&mut self) -> Option<Vec<LiveEvent>> {
         loop {
-            self.rx.changed().await.ok()?;
-            let writing = self.rx.borrow_and_update();
+            self.changed().await?;
+            let writing = self.shared.writing.lock().expect("never poisoned");
             let (step, attempt) = (writing.step, writing.attempt);
             if (step, attempt) != self.heard {
                 // A request that began after the watcher came: all of its text is heard,
@@ -170,6 +206,29 @@ impl Watcher {
             if !heard.is_empty() {
                 return Some(heard);
             }
+        }
+    }
+
+    /// Returns when the text changed since it was last read (at once if it has), marking
+    /// it read; `None` once it can no longer change and every change was read.
+    async fn changed(&mut self) -> Option<()> {
+        let shared = &*self.shared;
+        loop {
+            // Listening before the version is read: a change between the two wakes it.
+            let notified = shared.notify.notified();
+            let mut notified = std::pin::pin!(notified);
+            notified.as_mut().enable();
+            // Closed is read first: a change that came before it was set is seen below.
+            let closed = shared.closed.load(Ordering::Acquire);
+            let version = shared.version.load(Ordering::Acquire);
+            if version != self.seen {
+                self.seen = version;
+                return Some(());
+            }
+            if closed {
+                return None;
+            }
+            notified.await;
         }
     }
 }
@@ -234,7 +293,7 @@ impl LiveAttempt {
         if piece.is_empty() {
             return;
         }
-        self.op.writing.send_modify(|writing| {
+        self.op.writing.modify(|writing| {
             if (writing.step, writing.attempt) == (self.step, self.attempt) {
                 writing.text.push_str(piece);
             } else {
@@ -245,6 +304,7 @@ impl LiveAttempt {
                     broken: false,
                 };
             }
+            true
         });
     }
 
@@ -260,7 +320,7 @@ impl Drop for LiveAttempt {
             return;
         }
         // Only a request that wrote text has anything to take back.
-        self.op.writing.send_if_modified(|writing| {
+        self.op.writing.modify(|writing| {
             let this = (writing.step, writing.attempt) == (self.step, self.attempt);
             if this {
                 writing.broken = true;

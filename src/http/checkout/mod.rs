@@ -23,6 +23,7 @@ use std::task::{Context, Poll};
 
 use axum::extract::{Extension, State};
 use axum::response::{IntoResponse, Response};
+use futures_util::FutureExt;
 use futures_util::future::BoxFuture;
 
 use crate::assistant::CheckoutContext;
@@ -129,12 +130,13 @@ pub(crate) fn start(
             let fingerprint = request.fingerprint();
             let work = {
                 let (app, key, caller) = (app.clone(), key.clone(), caller.clone());
+                // The slot is let go when the run ends: a block that awaited the run
+                // would hold what it captured beside it.
                 move |lease: &Lease, slot: Slot| {
-                    let fence = Some(lease.fence);
-                    async move {
-                        let _slot = slot;
-                        run(&app, request, key, &caller, fence).await
-                    }
+                    run(&app, request, key, &caller, Some(lease.fence)).map(move |answer| {
+                        drop(slot);
+                        answer
+                    })
                 }
             };
             if let Some(run_id) = run_id {
@@ -153,19 +155,24 @@ pub(crate) fn start(
             }
             // Boxed, like the failure path: a handler future is as large as its largest
             // branch, and thousands of checkouts wait at once.
-            Started::Boxed(Box::pin(async move {
-                idempotent::once(&app, &caller.name, &key, &fingerprint, work).await
-            }))
+            Started::Boxed(Box::pin(idempotent::once(
+                app,
+                caller.name,
+                key,
+                fingerprint,
+                work,
+            )))
         }
         None => {
             let Some(slot) = app.admission().try_admit() else {
                 return Started::Answered(Some(app.admission().refusal().into_response()));
             };
             let operation_key = OperationKey::mint();
-            Started::Detached(idempotent::detached(async move {
-                let _slot = slot;
-                run(&app, request, operation_key, &caller, None).await
-            }))
+            let run = run(&app, request, operation_key, &caller, None);
+            Started::Detached(idempotent::detached(run.map(move |answer| {
+                drop(slot);
+                answer
+            })))
         }
     }
 }
@@ -196,13 +203,18 @@ impl Future for Started {
 
 /// Runs one checkout to its answer. Everything retried happens inside `assistant`. The
 /// operation is `caller`'s, under its Idempotency-Key lease's `fence` if any.
-pub(crate) async fn run(
+///
+/// Not an `async fn`: the request is made into the checkout's context here, at once, and
+/// the future returned holds the context (one `Arc`), not the request, the keys and the
+/// caller it was made from, which an `async fn` keeps for as long as it runs (bench
+/// figures 2 and 12: every waiting checkout holds this future).
+pub(crate) fn run(
     app: &AppState,
     request: CheckoutRequest,
     operation_key: OperationKey,
     caller: &Caller,
     fence: Option<i64>,
-) -> HttpAnswer {
+) -> impl Future<Output = HttpAnswer> + Send + use<> {
     let CheckoutRequest {
         order,
         email,
@@ -215,6 +227,12 @@ pub(crate) async fn run(
     if needs_approval {
         ctx = ctx.needing_approval();
     }
+    let app = app.clone();
+    async move { finish(&app, ctx, format).await }
+}
+
+/// The checkout `ctx` run to its answer, written in `format`.
+async fn finish(app: &AppState, ctx: CheckoutContext, format: Format) -> HttpAnswer {
     let result = app.assistant().checkout(ctx.clone()).await;
     if let Err(err) = &result
         && let Some(found) = err.kind.approval()

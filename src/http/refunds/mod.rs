@@ -107,10 +107,10 @@ pub async fn refund(
                 }
             };
             Box::pin(idempotent::once(
-                &app,
-                &caller.name,
-                &key,
-                &fingerprint,
+                app.clone(),
+                caller.name.clone(),
+                key,
+                fingerprint,
                 work,
             ))
             .await

@@ -147,7 +147,11 @@ pub async fn insert(conn: Conn<'_>, rows: &[ChargeRow]) -> Result<Vec<Receipt>, 
                     .push_bind(row.provider_payment_id.clone());
             });
             statement.push(ON_CONFLICT);
-            let stored: Vec<Stored> = statement.build_query_as().fetch_all(&mut *c).await?;
+            let stored: Vec<Stored> = statement
+                .build_query_as()
+                .persistent(crate::db::keep_prepared(rows.len()))
+                .fetch_all(&mut *c)
+                .await?;
             let entries: Vec<&NewEntry> = rows
                 .iter()
                 .filter(|r| {
