@@ -154,6 +154,12 @@ impl Database {
                 // A receipt is a promise to a customer: FULL makes each commit durable
                 // across power loss, not only across a process crash.
                 .synchronous(SqliteSynchronous::Full)
+                // A group's statement changes many rows inside the writer's transaction,
+                // so SQLite keeps a statement journal to undo it alone; past 64 KiB that
+                // journal was a file of its own, created, written and deleted every
+                // other transaction (issue 34, strace under 64 keyed checkouts in
+                // flight). In memory it is a buffer, freed with the statement.
+                .pragma("temp_store", "memory")
                 .busy_timeout(pool.acquire_timeout)
                 .foreign_keys(true)
                 .log_statements(statement_level());
