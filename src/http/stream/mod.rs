@@ -264,14 +264,17 @@ async fn follow(tail: Tail, mut finish: Finish, out: Out) {
         let thread = &tail.key;
         match &mut finish {
             Finish::Task(run) => {
-                let waited = live.relay(thread, &out, async {
-                    tokio::select! {
-                        () = follow.changed() => None,
-                        _ = tokio::time::sleep(SAFETY_POLL) => None,
-                        done = run => Some(done),
-                    }
-                });
-                match waited.await {
+                let waited = {
+                    let wait = std::pin::pin!(async {
+                        tokio::select! {
+                            () = follow.changed() => None,
+                            _ = tokio::time::sleep(SAFETY_POLL) => None,
+                            done = run => Some(done),
+                        }
+                    });
+                    live.relay(thread, &out, wait).await
+                };
+                match waited {
                     Waited::Done(None) | Waited::Behind => {}
                     Waited::Done(Some(done)) => {
                         // Its rows all committed here before its task ended, each commit
@@ -283,13 +286,13 @@ async fn follow(tail: Tail, mut finish: Finish, out: Out) {
                 }
             }
             Finish::Record => {
-                live.relay(thread, &out, async {
+                let wait = std::pin::pin!(async {
                     tokio::select! {
                         () = follow.changed() => {}
                         _ = tokio::time::sleep(POLL) => {}
                     }
-                })
-                .await;
+                });
+                live.relay(thread, &out, wait).await;
             }
             Finish::Answered(..) => {}
         }
