@@ -24,7 +24,8 @@ use tokio::sync::{Notify, oneshot};
 use tokio::task::JoinHandle;
 
 use super::{
-    CONNECTIONS, Chunks, MAX_H2C_CONNECTIONS, TransportSettings, check_head, over_bound, tcp,
+    CONNECTION_WINDOW, CONNECTIONS, Chunks, MAX_H2C_CONNECTIONS, TransportSettings, check_head,
+    over_bound, tcp,
 };
 use crate::model::call::ModelCall;
 use crate::model::error::ModelError;
@@ -278,10 +279,10 @@ impl H2c {
     async fn connect(&self) -> Result<Connection, ModelError> {
         let s = &self.settings;
         let tcp = tcp(&self.authority, s.connect_timeout).await?;
-        // hyper's client's windows, the stream's no larger than an answer may be.
+        // The stream's window no larger than an answer may be (hyper's 2 MiB at most).
         let (send, mut connection) = h2::client::Builder::new()
             .initial_window_size(s.max_answer_bytes.clamp(65_535, 2 << 20) as u32)
-            .initial_connection_window_size(5 << 20)
+            .initial_connection_window_size(CONNECTION_WINDOW)
             .max_header_list_size(16 << 10)
             .enable_push(false)
             .handshake(tcp)
