@@ -162,7 +162,9 @@ impl Inner {
         attempt: u32,
     ) -> Result<CheckoutOutcome, FailureKind> {
         let limits = self.limits;
-        let mut chat = ChatRequest {
+        // Shared with the model request it is sent as, for as long as that waits (the
+        // request retry repeats it from here); a turn's answer is added once it is over.
+        let mut chat = Arc::new(ChatRequest {
             model: self.model.primary().model().to_owned(),
             messages: if ctx.is_refund() {
                 prompts::refund_opening(ctx.order(), ctx.email().is_some())
@@ -177,7 +179,7 @@ impl Inner {
             max_tokens: Some(limits.max_tokens),
             stream: false,
             stream_options: None,
-        };
+        });
         // Pins guard a journal that another run may read; steps kept in process are read
         // back by this operation's own loop retry only, under the same pins.
         let pins = if self.memory.durable(ctx) {
@@ -263,11 +265,11 @@ impl Inner {
                         answer = reply.content.as_deref().unwrap_or_default(),
                         "the model ended without charging; asking it again to charge"
                     );
-                    chat.messages.push(Message::Assistant {
+                    Arc::make_mut(&mut chat).messages.push(Message::Assistant {
                         content: reply.content,
                         tool_calls: Vec::new(),
                     });
-                    chat.messages.push(if ctx.is_refund() {
+                    Arc::make_mut(&mut chat).messages.push(if ctx.is_refund() {
                         prompts::refund_nudge(ctx.order())
                     } else {
                         prompts::nudge(ctx.order())
@@ -299,7 +301,7 @@ impl Inner {
                     },
                 });
             }
-            chat.messages.push(Message::Assistant {
+            Arc::make_mut(&mut chat).messages.push(Message::Assistant {
                 content: reply.content,
                 tool_calls: calls.clone(),
             });
@@ -353,7 +355,7 @@ impl Inner {
                 if output.receipt.is_some() {
                     receipt = output.receipt;
                 }
-                chat.messages.push(Message::Tool {
+                Arc::make_mut(&mut chat).messages.push(Message::Tool {
                     tool_call_id: call.id,
                     content: output.content,
                 });

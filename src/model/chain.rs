@@ -59,18 +59,21 @@ impl ModelChain {
     /// transient failure like any other, and the next endpoint streams its own answer.
     pub async fn complete(
         &self,
-        chat: &mut ChatRequest,
+        chat: &mut Arc<ChatRequest>,
         round: u32,
         sent: Arc<AtomicU32>,
         live: Option<LiveText>,
     ) -> Result<(Completion, &ModelClient), ModelError> {
         let last = self.endpoints.len() - 1;
-        chat.stream = live.is_some();
-        chat.stream_options = chat.stream.then_some(StreamOptions {
+        // The last turn's sends are over: nothing else holds the conversation, and it is
+        // changed in place.
+        let asking = Arc::make_mut(chat);
+        asking.stream = live.is_some();
+        asking.stream_options = asking.stream.then_some(StreamOptions {
             include_usage: true,
         });
         for (i, endpoint) in self.endpoints.iter().enumerate() {
-            endpoint.model().clone_into(&mut chat.model);
+            endpoint.model().clone_into(&mut Arc::make_mut(chat).model);
             let failover = i < last;
             let asked = endpoint.complete(chat, round, sent.clone(), failover, live.clone());
             match asked.await {

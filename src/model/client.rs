@@ -10,7 +10,6 @@ use std::sync::atomic::AtomicU32;
 use std::task::{Context, Poll};
 use std::time::{Duration, SystemTime};
 
-use bytes::Bytes;
 use hyper::Request;
 use hyper::header::{AUTHORIZATION, CONTENT_TYPE, HeaderMap, HeaderValue, RETRY_AFTER};
 use tower::util::BoxCloneSyncService;
@@ -157,14 +156,14 @@ impl ModelClient {
     /// published there as it comes; the message returned is the same.
     pub async fn complete(
         &self,
-        request: &ChatRequest,
+        request: &Arc<ChatRequest>,
         round: u32,
         sent: Arc<AtomicU32>,
         failover: bool,
         live: Option<LiveText>,
     ) -> Result<Completion, ModelError> {
         let call = ModelCall {
-            body: body(request),
+            chat: request.clone(),
             round,
             attempt: 1,
             sent,
@@ -195,15 +194,6 @@ impl ModelClient {
             usage: response.usage,
         })
     }
-}
-
-/// The request's JSON, written into a buffer of a chat's usual size (not grown from empty,
-/// a reallocation per doubling), then shrunk to its exact size in place: the body is kept
-/// for the retries while the model thinks.
-fn body(request: &ChatRequest) -> Bytes {
-    let mut body = Vec::with_capacity(2048);
-    serde_json::to_writer(&mut body, request).expect("chat requests always serialize");
-    Bytes::from(body.into_boxed_slice())
 }
 
 /// One round's answer.
@@ -268,7 +258,7 @@ impl ChatPost {
         tracing::debug!(
             round = call.round,
             attempt = call.attempt,
-            body = %String::from_utf8_lossy(&call.body),
+            body = %String::from_utf8_lossy(&call.body()),
             "model request"
         );
     }

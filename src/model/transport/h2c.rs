@@ -153,13 +153,6 @@ impl H2c {
         call: &ModelCall,
         limit: usize,
     ) -> Result<(Taken, hyper::http::response::Parts, RecvStream), ModelError> {
-        // As hyper's client writes it: some servers want it even over HTTP/2.
-        let length = HeaderValue::from(call.body.len());
-        let head = || {
-            let mut head = head();
-            head.headers_mut().insert(CONTENT_LENGTH, length.clone());
-            head
-        };
         let mut again = true;
         loop {
             let taken = self.take(call).await?;
@@ -193,15 +186,21 @@ impl H2c {
     async fn exchange(
         &self,
         taken: &Taken,
-        head: Request<()>,
+        mut head: Request<()>,
         call: &ModelCall,
     ) -> Result<(hyper::http::response::Parts, RecvStream), Unanswered> {
         let unseen = |err| Unanswered { err, unseen: true };
         let mut send = taken.0.send.clone().ready().await.map_err(unseen)?;
         call.on_wire();
+        // Written for this send and handed to h2, which drops it once it is on the wire:
+        // not held while the model thinks (a resend writes it again).
+        let body = call.body();
+        // As hyper's client writes it: some servers want it even over HTTP/2.
+        head.headers_mut()
+            .insert(CONTENT_LENGTH, HeaderValue::from(body.len()));
         let (response, mut stream) = send.send_request(head, false).map_err(unseen)?;
         // Buffered whole: the window a stream opens with (64 KiB) holds a chat request.
-        stream.send_data(call.body.clone(), true).map_err(unseen)?;
+        stream.send_data(body, true).map_err(unseen)?;
         let response = response
             .await
             .map_err(|err| Unanswered { err, unseen: false })?;

@@ -219,17 +219,18 @@ impl Transport {
         else {
             unreachable!("asked of the pooled wire only")
         };
-        let body = call.body.clone();
         call.on_wire();
         let http = &clients[next.fetch_add(1, Ordering::Relaxed) % clients.len()];
-        let request = head().map(|()| Full::new(body.clone()));
+        // The body goes with the request, not held here while the model thinks: a resend
+        // writes it again.
+        let request = head().map(|()| Full::new(call.body()));
         match http.request(request).await {
             Ok(response) => Ok(response),
             Err(err) if dropped_unanswered(&err) => {
                 tracing::debug!(error = %err, "the model connection ended before any byte of an answer (the keep-alive race, or a dropped connection); sending the request again on a new connection");
                 call.sending();
                 fresh
-                    .request(head().map(|()| Full::new(body)))
+                    .request(head().map(|()| Full::new(call.body())))
                     .await
                     .map_err(pooled_error)
             }
