@@ -6,6 +6,7 @@
 //! (`now_ms`, epoch milliseconds), so a statement that needs the time reads the database's
 //! clock the same way on both.
 
+mod batch;
 mod conn;
 mod error;
 mod group;
@@ -26,6 +27,7 @@ use sqlx::sqlite::{
 
 use crate::journal::wake::Wake;
 
+pub use batch::{Batch, Returned};
 pub use conn::{Conn, Pooled};
 pub use error::StoreError;
 pub use group::{GroupWrite, GroupWriter};
@@ -43,19 +45,6 @@ macro_rules! on_conn {
     };
 }
 pub(crate) use on_conn;
-
-/// Whether a SQLite group statement of `rows` rows is kept prepared on its connection.
-/// A group's text has a `VALUES` tuple per row, so every group size is another
-/// statement, and sqlx keeps up to 100 per connection: with thousands of keyed checkouts
-/// in flight (bench figure 12) the cache filled with groups of hundreds of rows, each
-/// prepared program some tens of KB, and held 6.5 MB at 2,000 streams (heaptrack), more
-/// as the groups grow. The few small sizes a quiet service repeats stay cached.
-pub fn keep_prepared(rows: usize) -> bool {
-    rows <= KEPT_PREPARED_ROWS
-}
-
-/// The largest group kept prepared: [`keep_prepared`].
-const KEPT_PREPARED_ROWS: usize = 8;
 
 /// Pool sizing, from the settings.
 #[derive(Clone, Debug)]

@@ -6,9 +6,9 @@ use std::collections::{HashMap, HashSet};
 use std::sync::Arc;
 use std::time::Duration;
 
-use sqlx::QueryBuilder;
+use sqlx::PgConnection;
 
-use crate::db::{Conn, GroupWrite, StoreError, on_conn};
+use crate::db::{Batch, Conn, GroupWrite, Returned, StoreError, on_conn};
 use crate::journal::wake::Wake;
 use crate::journal::{self, NewEntry, PgEntries};
 
@@ -133,12 +133,12 @@ const PG_INSERT_GROUP: &str = "\
     AS r(scope, key, fingerprint, lease_ms, ttl_ms, request) CROSS JOIN clock CROSS JOIN unflushed \
     ON CONFLICT (scope, key) DO NOTHING RETURNING scope, key, fence";
 
-/// SQLite has no arrays: the rows are a `VALUES` list between these two.
-const SQLITE_INSERT_GROUP_HEAD: &str = "\
+/// SQLite's: the rows are one JSON array (`db::Batch::push_rows`), its `UNNEST`.
+const SQLITE_INSERT_GROUP: &str = "\
     INSERT INTO idempotency_keys (scope, key, fingerprint, fence, lease_until, created_at, expires_at, request) \
-    SELECT r.column1, r.column2, r.column3, 1, clock.now_ms + r.column4, clock.now_ms, clock.now_ms + r.column5, r.column6 \
-    FROM (";
-const SQLITE_INSERT_GROUP_TAIL: &str = ") AS r, clock WHERE true \
+    SELECT r.value ->> 0, r.value ->> 1, r.value ->> 2, 1, clock.now_ms + (r.value ->> 3), \
+    clock.now_ms, clock.now_ms + (r.value ->> 4), r.value ->> 5 \
+    FROM jsonb_each(?) AS r, clock WHERE true \
     ON CONFLICT (scope, key) DO NOTHING RETURNING scope, key, fence";
 
 /// Answers saved, a group at a time (`$1 … $6`: callers, keys, fences, statuses, content
@@ -162,12 +162,13 @@ const PG_COMPLETE_GROUP: &str = concat!(
     ") SELECT scope, key, fence FROM saved"
 );
 
-const SQLITE_COMPLETE_GROUP_HEAD: &str = "\
-    UPDATE idempotency_keys SET status = c.column4, content_type = c.column5, body = c.column6, lease_until = NULL \
-    FROM (";
-const SQLITE_COMPLETE_GROUP_TAIL: &str = ") AS c \
-    WHERE idempotency_keys.scope = c.column1 AND idempotency_keys.key = c.column2 \
-    AND idempotency_keys.fence = c.column3 AND idempotency_keys.status IS NULL \
+/// SQLite's: the rows are one JSON array, each body in hexadecimal.
+const SQLITE_COMPLETE_GROUP: &str = "\
+    UPDATE idempotency_keys SET status = c.status, content_type = c.content_type, body = c.body, lease_until = NULL \
+    FROM (SELECT value ->> 0 AS scope, value ->> 1 AS key, value ->> 2 AS fence, value ->> 3 AS status, \
+    value ->> 4 AS content_type, unhex(value ->> 5) AS body FROM jsonb_each(?)) AS c \
+    WHERE idempotency_keys.scope = c.scope AND idempotency_keys.key = c.key \
+    AND idempotency_keys.fence = c.fence AND idempotency_keys.status IS NULL \
     RETURNING scope, key, fence";
 
 /// A new key's record, about to be inserted with the next group.
@@ -207,55 +208,56 @@ impl GroupWrite for Inserts {
 
     async fn write(
         &self,
-        conn: Conn<'_>,
+        c: &mut PgConnection,
         rows: &[NewRecord],
     ) -> Result<Vec<Option<i64>>, StoreError> {
-        let made: Vec<(String, String, i64)> = match conn {
-            Conn::Postgres(c) => {
-                sqlx::query_as(PG_INSERT_GROUP)
-                    .bind(rows.iter().map(|r| r.caller.as_str()).collect::<Vec<_>>())
-                    .bind(rows.iter().map(|r| r.key.as_str()).collect::<Vec<_>>())
-                    .bind(
-                        rows.iter()
-                            .map(|r| r.fingerprint.as_str())
-                            .collect::<Vec<_>>(),
-                    )
-                    .bind(rows.iter().map(|r| millis(r.lease)).collect::<Vec<_>>())
-                    .bind(rows.iter().map(|r| millis(r.ttl)).collect::<Vec<_>>())
-                    .bind(rows.iter().map(|r| r.request.as_str()).collect::<Vec<_>>())
-                    .fetch_all(c)
-                    .await?
-            }
-            Conn::Sqlite(c) => {
-                let mut statement = QueryBuilder::new(SQLITE_INSERT_GROUP_HEAD);
-                statement.push_values(rows, |mut values, r| {
-                    values
-                        .push_bind(r.caller.clone())
-                        .push_bind(r.key.clone())
-                        .push_bind(r.fingerprint.clone())
-                        .push_bind(millis(r.lease))
-                        .push_bind(millis(r.ttl))
-                        .push_bind(r.request.clone());
-                });
-                statement.push(SQLITE_INSERT_GROUP_TAIL);
-                statement
-                    .build_query_as()
-                    .persistent(crate::db::keep_prepared(rows.len()))
-                    .fetch_all(c)
-                    .await?
-            }
-        };
-        // Two requests with one key in one group: the record is the first's; the other
-        // finds it, as it would have a moment later.
-        let mut made: HashMap<(String, String), i64> = made
-            .into_iter()
-            .map(|(caller, key, fence)| ((caller, key), fence))
-            .collect();
-        Ok(rows
-            .iter()
-            .map(|r| made.remove(&(r.caller.clone(), r.key.clone())))
-            .collect())
+        let made = sqlx::query_as(PG_INSERT_GROUP)
+            .bind(rows.iter().map(|r| r.caller.as_str()).collect::<Vec<_>>())
+            .bind(rows.iter().map(|r| r.key.as_str()).collect::<Vec<_>>())
+            .bind(
+                rows.iter()
+                    .map(|r| r.fingerprint.as_str())
+                    .collect::<Vec<_>>(),
+            )
+            .bind(rows.iter().map(|r| millis(r.lease)).collect::<Vec<_>>())
+            .bind(rows.iter().map(|r| millis(r.ttl)).collect::<Vec<_>>())
+            .bind(rows.iter().map(|r| r.request.as_str()).collect::<Vec<_>>())
+            .fetch_all(c)
+            .await?;
+        Ok(fences(rows, made))
     }
+
+    fn push(&self, batch: &mut Batch, rows: &[NewRecord]) {
+        let rows: Vec<_> = rows
+            .iter()
+            .map(|r| {
+                let (lease, ttl) = (millis(r.lease), millis(r.ttl));
+                (&r.caller, &r.key, &r.fingerprint, lease, ttl, &r.request)
+            })
+            .collect();
+        batch.push_rows(SQLITE_INSERT_GROUP, rows);
+    }
+
+    fn read(
+        &self,
+        rows: &[NewRecord],
+        returned: &mut Returned,
+    ) -> Result<Vec<Option<i64>>, StoreError> {
+        Ok(fences(rows, returned.rows()?))
+    }
+}
+
+/// Each new key's fence, if its record is among those `made`. Two requests with one key
+/// in one group: the record is the first's; the other finds it, as it would have a
+/// moment later.
+fn fences(rows: &[NewRecord], made: Vec<(String, String, i64)>) -> Vec<Option<i64>> {
+    let mut made: HashMap<(String, String), i64> = made
+        .into_iter()
+        .map(|(caller, key, fence)| ((caller, key), fence))
+        .collect();
+    rows.iter()
+        .map(|r| made.remove(&(r.caller.clone(), r.key.clone())))
+        .collect()
 }
 
 /// The group writer of saved answers: every keyed checkout saves one as it ends.
@@ -270,80 +272,90 @@ impl GroupWrite for Completions {
         (&a.lease.caller, &a.lease.key).cmp(&(&b.lease.caller, &b.lease.key))
     }
 
-    async fn write(&self, conn: Conn<'_>, rows: &[Completion]) -> Result<Vec<bool>, StoreError> {
-        let saved: Vec<(String, String, i64)> = match conn {
-            Conn::Postgres(c) => {
-                let closing =
-                    PgEntries::of(rows.iter().flat_map(|r| &r.closing).map(|e| (None, e)));
-                let query = sqlx::query_as(PG_COMPLETE_GROUP)
-                    .bind(
-                        rows.iter()
-                            .map(|r| r.lease.caller.as_str())
-                            .collect::<Vec<_>>(),
-                    )
-                    .bind(
-                        rows.iter()
-                            .map(|r| r.lease.key.as_str())
-                            .collect::<Vec<_>>(),
-                    )
-                    .bind(rows.iter().map(|r| r.lease.fence).collect::<Vec<_>>())
-                    .bind(
-                        rows.iter()
-                            .map(|r| i64::from(r.saved.status))
-                            .collect::<Vec<_>>(),
-                    )
-                    .bind(
-                        rows.iter()
-                            .map(|r| r.saved.content_type.as_str())
-                            .collect::<Vec<_>>(),
-                    )
-                    .bind(
-                        rows.iter()
-                            .map(|r| r.saved.body.as_slice())
-                            .collect::<Vec<_>>(),
-                    );
-                closing.bind(query).fetch_all(c).await?
-            }
-            Conn::Sqlite(c) => {
-                let mut statement = QueryBuilder::new(SQLITE_COMPLETE_GROUP_HEAD);
-                statement.push_values(rows, |mut values, r| {
-                    values
-                        .push_bind(r.lease.caller.clone())
-                        .push_bind(r.lease.key.clone())
-                        .push_bind(r.lease.fence)
-                        .push_bind(i64::from(r.saved.status))
-                        .push_bind(r.saved.content_type.clone())
-                        .push_bind(r.saved.body.clone());
-                });
-                statement.push(SQLITE_COMPLETE_GROUP_TAIL);
-                let closing: Vec<&NewEntry> = rows.iter().flat_map(|r| &r.closing).collect();
-                // In the committer's transaction. The steps first: their insert asks, as
-                // the save does, that the record be unfinished under the run's fence; the
-                // save then ends it.
-                journal::insert_sqlite(&mut *c, &closing).await?;
-                statement
-                    .build_query_as()
-                    .persistent(crate::db::keep_prepared(rows.len()))
-                    .fetch_all(c)
-                    .await?
-            }
-        };
-        // Named by fence too: a zombie's row beside its successor's in one group is not
-        // told that the successor's save was its own.
-        let saved: HashSet<(String, String, i64)> = saved.into_iter().collect();
-        Ok(rows
+    async fn write(
+        &self,
+        c: &mut PgConnection,
+        rows: &[Completion],
+    ) -> Result<Vec<bool>, StoreError> {
+        let closing = PgEntries::of(rows.iter().flat_map(|r| &r.closing).map(|e| (None, e)));
+        let query = sqlx::query_as(PG_COMPLETE_GROUP)
+            .bind(
+                rows.iter()
+                    .map(|r| r.lease.caller.as_str())
+                    .collect::<Vec<_>>(),
+            )
+            .bind(
+                rows.iter()
+                    .map(|r| r.lease.key.as_str())
+                    .collect::<Vec<_>>(),
+            )
+            .bind(rows.iter().map(|r| r.lease.fence).collect::<Vec<_>>())
+            .bind(
+                rows.iter()
+                    .map(|r| i64::from(r.saved.status))
+                    .collect::<Vec<_>>(),
+            )
+            .bind(
+                rows.iter()
+                    .map(|r| r.saved.content_type.as_str())
+                    .collect::<Vec<_>>(),
+            )
+            .bind(
+                rows.iter()
+                    .map(|r| r.saved.body.as_slice())
+                    .collect::<Vec<_>>(),
+            );
+        Ok(saved(rows, closing.bind(query).fetch_all(c).await?))
+    }
+
+    /// The steps first: their insert asks, as the save does, that the record be
+    /// unfinished under the run's fence; the save then ends it.
+    fn push(&self, batch: &mut Batch, rows: &[Completion]) {
+        let closing: Vec<_> = rows
+            .iter()
+            .flat_map(|r| &r.closing)
+            .map(|e| (None, e))
+            .collect();
+        journal::push_sqlite(batch, &closing);
+        let rows: Vec<_> = rows
             .iter()
             .map(|r| {
-                let lease = &r.lease;
-                saved.contains(&(lease.caller.clone(), lease.key.clone(), lease.fence))
+                let (lease, saved) = (&r.lease, &r.saved);
+                let body = hex::encode(&saved.body);
+                (
+                    &lease.caller,
+                    &lease.key,
+                    lease.fence,
+                    saved.status,
+                    &saved.content_type,
+                    body,
+                )
             })
-            .collect())
+            .collect();
+        batch.push_rows(SQLITE_COMPLETE_GROUP, rows);
+    }
+
+    fn read(&self, rows: &[Completion], returned: &mut Returned) -> Result<Vec<bool>, StoreError> {
+        returned.skip();
+        Ok(saved(rows, returned.rows()?))
     }
 
     /// The closing steps committed: streams following them here read them now.
     fn committed(&self, rows: &[Completion]) {
         self.0.committed(rows.iter().flat_map(|r| &r.closing));
     }
+}
+
+/// Whether each row's answer is among those `saved`. Named by fence too: a zombie's row
+/// beside its successor's in one group is not told that the successor's save was its own.
+fn saved(rows: &[Completion], saved: Vec<(String, String, i64)>) -> Vec<bool> {
+    let saved: HashSet<(String, String, i64)> = saved.into_iter().collect();
+    rows.iter()
+        .map(|r| {
+            let lease = &r.lease;
+            saved.contains(&(lease.caller.clone(), lease.key.clone(), lease.fence))
+        })
+        .collect()
 }
 
 /// An unfinished operation whose lease lapsed.

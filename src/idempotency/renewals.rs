@@ -13,10 +13,10 @@ use std::cmp::Ordering;
 use std::collections::HashSet;
 use std::time::Duration;
 
-use sqlx::QueryBuilder;
+use sqlx::PgConnection;
 
 use super::records::Lease;
-use crate::db::{Conn, GroupWrite, StoreError, on_conn};
+use crate::db::{Batch, Conn, GroupWrite, Returned, StoreError, on_conn};
 
 /// A lease to extend by `lease_ms` from now.
 #[derive(Debug)]
@@ -52,11 +52,13 @@ pub async fn renew(conn: Conn<'_>, renewal: &Renewal) -> Result<bool, StoreError
     Ok(done == 1)
 }
 
-const SQLITE_RENEW_GROUP_HEAD: &str = "\
-    UPDATE idempotency_keys SET lease_until = (SELECT now_ms FROM clock) + r.column4 FROM (";
-const SQLITE_RENEW_GROUP_TAIL: &str = ") AS r \
-    WHERE idempotency_keys.scope = r.column1 AND idempotency_keys.key = r.column2 \
-    AND idempotency_keys.fence = r.column3 AND idempotency_keys.status IS NULL \
+/// SQLite's group: the rows are one JSON array (`db::Batch::push_rows`).
+const SQLITE_RENEW_GROUP: &str = "\
+    UPDATE idempotency_keys SET lease_until = (SELECT now_ms FROM clock) + r.lease_ms \
+    FROM (SELECT value ->> 0 AS scope, value ->> 1 AS key, value ->> 2 AS fence, value ->> 3 AS lease_ms \
+    FROM jsonb_each(?)) AS r \
+    WHERE idempotency_keys.scope = r.scope AND idempotency_keys.key = r.key \
+    AND idempotency_keys.fence = r.fence AND idempotency_keys.status IS NULL \
     RETURNING scope, key, fence";
 
 /// The group writer's side of lease renewals.
@@ -71,40 +73,29 @@ impl GroupWrite for Renewals {
         (&a.lease.caller, &a.lease.key).cmp(&(&b.lease.caller, &b.lease.key))
     }
 
-    async fn write(&self, conn: Conn<'_>, rows: &[Renewal]) -> Result<Vec<bool>, StoreError> {
-        let renewed: Vec<(String, String, i64)> = match conn {
-            // Only SQLite's renewals come here (`Records::renew`): on Postgres a group's
-            // UPDATE held its records until it committed, and stalled the journal's
-            // inserts behind it. Should one come, it goes alone.
-            Conn::Postgres(c) => {
-                let mut renewed = Vec::with_capacity(rows.len());
-                for r in rows {
-                    if renew(Conn::Postgres(&mut *c), r).await? {
-                        let lease = &r.lease;
-                        renewed.push((lease.caller.clone(), lease.key.clone(), lease.fence));
-                    }
-                }
-                renewed
-            }
-            Conn::Sqlite(c) => {
-                let mut statement = QueryBuilder::new(SQLITE_RENEW_GROUP_HEAD);
-                statement.push_values(rows, |mut values, r| {
-                    values
-                        .push_bind(r.lease.caller.clone())
-                        .push_bind(r.lease.key.clone())
-                        .push_bind(r.lease.fence)
-                        .push_bind(r.lease_ms);
-                });
-                statement.push(SQLITE_RENEW_GROUP_TAIL);
-                statement
-                    .build_query_as()
-                    .persistent(crate::db::keep_prepared(rows.len()))
-                    .fetch_all(c)
-                    .await?
-            }
-        };
-        // Named by fence too: a zombie's renewal beside its successor's in one group is
-        // not told that the successor's was its own.
+    /// Only SQLite's renewals are written in groups (`Records::renew`): on Postgres a
+    /// group's UPDATE held its records until it committed, and stalled the journal's
+    /// inserts behind it. Should one come, each goes alone.
+    async fn write(&self, c: &mut PgConnection, rows: &[Renewal]) -> Result<Vec<bool>, StoreError> {
+        let mut renewed = Vec::with_capacity(rows.len());
+        for r in rows {
+            renewed.push(renew(Conn::Postgres(&mut *c), r).await?);
+        }
+        Ok(renewed)
+    }
+
+    fn push(&self, batch: &mut Batch, rows: &[Renewal]) {
+        let rows: Vec<_> = rows
+            .iter()
+            .map(|r| (&r.lease.caller, &r.lease.key, r.lease.fence, r.lease_ms))
+            .collect();
+        batch.push_rows(SQLITE_RENEW_GROUP, rows);
+    }
+
+    /// Named by fence too: a zombie's renewal beside its successor's in one group is not
+    /// told that the successor's was its own.
+    fn read(&self, rows: &[Renewal], returned: &mut Returned) -> Result<Vec<bool>, StoreError> {
+        let renewed: Vec<(String, String, i64)> = returned.rows()?;
         let renewed: HashSet<(String, String, i64)> = renewed.into_iter().collect();
         Ok(rows
             .iter()

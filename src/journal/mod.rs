@@ -14,11 +14,11 @@ use std::cmp::Ordering;
 use std::collections::HashSet;
 use std::sync::Arc;
 
-use sqlx::QueryBuilder;
+use sqlx::PgConnection;
 use sqlx::postgres::{PgArguments, Postgres};
 use sqlx::query::QueryAs;
 
-use crate::db::{Conn, Database, GroupWrite, GroupWriter, StoreError, on_conn};
+use crate::db::{Batch, Conn, Database, GroupWrite, GroupWriter, Returned, StoreError, on_conn};
 
 /// Which journal, and the right to append to it.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -267,16 +267,19 @@ macro_rules! pg_with_charged {
 }
 pub(crate) use {columns, holds_lease, pg_insert, pg_with_charged};
 
-/// SQLite has no arrays: the rows are a `VALUES` list between these two.
-const SQLITE_INSERT_HEAD: &str = concat!(
+/// SQLite's: the rows are one JSON array (`db::Batch::push_rows`), its `UNNEST`; a row
+/// names the receipt it commits with, or null.
+const SQLITE_INSERT: &str = concat!(
     "INSERT INTO agent_journal (",
     columns!(),
-    ") SELECT e.column1, e.column2, e.column3, e.column4, e.column5, e.column6, e.column7, ",
-    "e.column8, e.column9, e.column10, (SELECT now_ms FROM clock) + e.column11 FROM ("
-);
-const SQLITE_INSERT_TAIL: &str = concat!(
-    ") AS e WHERE (e.column12 IS NULL OR EXISTS (SELECT 1 FROM idempotency_keys k ",
-    "WHERE k.scope = e.column1 AND k.key = e.column2 AND k.fence = e.column12 AND k.status IS NULL)) ",
+    ") SELECT e.scope, e.operation_key, e.step, e.kind, e.name, e.call_id, e.body, e.pins, ",
+    "e.input_tokens, e.output_tokens, (SELECT now_ms FROM clock) + e.ttl_ms FROM (SELECT ",
+    "value ->> 0 AS scope, value ->> 1 AS operation_key, value ->> 2 AS step, value ->> 3 AS kind, ",
+    "value ->> 4 AS name, value ->> 5 AS call_id, value ->> 6 AS body, value ->> 7 AS pins, ",
+    "value ->> 8 AS input_tokens, value ->> 9 AS output_tokens, value ->> 10 AS ttl_ms, ",
+    "value ->> 11 AS fence, value ->> 12 AS receipt FROM jsonb_each(?)) AS e WHERE ",
+    holds_lease!(""),
+    " AND (e.receipt IS NULL OR EXISTS (SELECT 1 FROM receipts r WHERE r.id = e.receipt)) ",
     "ON CONFLICT (scope, operation_key, step) DO NOTHING RETURNING scope, operation_key, step"
 );
 
@@ -297,18 +300,26 @@ impl GroupWrite for Entries {
         first(a).cmp(&first(b))
     }
 
-    async fn write(&self, conn: Conn<'_>, rows: &[Vec<NewEntry>]) -> Result<Vec<bool>, StoreError> {
-        let written: Vec<(String, String, i64)> =
-            insert(conn, rows.iter().flatten().map(|r| (None, r))).await?;
-        let written: HashSet<(String, String, i64)> = written.into_iter().collect();
-        Ok(rows
-            .iter()
-            .map(|steps| {
-                steps.iter().all(|r| {
-                    written.contains(&(r.key.caller.clone(), r.key.operation_key.clone(), r.step))
-                })
-            })
-            .collect())
+    async fn write(
+        &self,
+        conn: &mut PgConnection,
+        rows: &[Vec<NewEntry>],
+    ) -> Result<Vec<bool>, StoreError> {
+        let written = insert_postgres(conn, rows.iter().flatten().map(|r| (None, r))).await?;
+        Ok(all_written(rows, written))
+    }
+
+    fn push(&self, batch: &mut Batch, rows: &[Vec<NewEntry>]) {
+        let entries: Vec<_> = rows.iter().flatten().map(|r| (None, r)).collect();
+        push_sqlite(batch, &entries);
+    }
+
+    fn read(
+        &self,
+        rows: &[Vec<NewEntry>],
+        returned: &mut Returned,
+    ) -> Result<Vec<bool>, StoreError> {
+        Ok(all_written(rows, returned.rows()?))
     }
 
     /// The streams may read the rows now.
@@ -317,23 +328,28 @@ impl GroupWrite for Entries {
     }
 }
 
-/// Inserts rows in one statement; the (scope, operation key, step) of those written.
-async fn insert<'r>(
-    conn: Conn<'_>,
+/// Whether every step of each row of `rows` is among those `written`.
+fn all_written(rows: &[Vec<NewEntry>], written: Vec<(String, String, i64)>) -> Vec<bool> {
+    let written: HashSet<(String, String, i64)> = written.into_iter().collect();
+    rows.iter()
+        .map(|steps| {
+            steps.iter().all(|r| {
+                written.contains(&(r.key.caller.clone(), r.key.operation_key.clone(), r.step))
+            })
+        })
+        .collect()
+}
+
+/// Inserts rows on Postgres in one statement; the (scope, operation key, step) of those
+/// written.
+async fn insert_postgres<'r>(
+    c: &mut PgConnection,
     rows: impl Iterator<Item = (Option<String>, &'r NewEntry)>,
 ) -> Result<Vec<(String, String, i64)>, StoreError> {
-    Ok(match conn {
-        Conn::Postgres(c) => {
-            PgEntries::of(rows)
-                .bind(sqlx::query_as(PG_INSERT))
-                .fetch_all(c)
-                .await?
-        }
-        Conn::Sqlite(c) => {
-            let rows: Vec<_> = rows.map(|(_, r)| r).collect();
-            insert_sqlite(c, &rows).await?
-        }
-    })
+    Ok(PgEntries::of(rows)
+        .bind(sqlx::query_as(PG_INSERT))
+        .fetch_all(c)
+        .await?)
 }
 
 /// Inserts `rows` on `conn` (a transaction that commits them with an effect of its
@@ -342,39 +358,47 @@ pub(crate) async fn insert_in(conn: Conn<'_>, rows: &[NewEntry]) -> Result<usize
     if rows.is_empty() {
         return Ok(0);
     }
-    Ok(insert(conn, rows.iter().map(|r| (None, r))).await?.len())
+    Ok(match conn {
+        Conn::Postgres(c) => insert_postgres(c, rows.iter().map(|r| (None, r))).await?,
+        Conn::Sqlite(c) => {
+            let mut batch = Batch::default();
+            push_sqlite(
+                &mut batch,
+                &rows.iter().map(|r| (None, r)).collect::<Vec<_>>(),
+            );
+            batch.run(c).await?.rows::<(String, String, i64)>()?
+        }
+    }
+    .len())
 }
 
-/// Inserts rows on SQLite (inside the caller's transaction, if it has one).
-pub(crate) async fn insert_sqlite(
-    c: &mut sqlx::SqliteConnection,
-    rows: &[&NewEntry],
-) -> Result<Vec<(String, String, i64)>, StoreError> {
-    if rows.is_empty() {
-        return Ok(Vec::new());
-    }
-    let mut statement = QueryBuilder::new(SQLITE_INSERT_HEAD);
-    statement.push_values(rows, |mut values, row| {
-        values
-            .push_bind(row.key.caller.clone())
-            .push_bind(row.key.operation_key.clone())
-            .push_bind(row.step)
-            .push_bind(row.kind.as_str())
-            .push_bind(row.name.clone())
-            .push_bind(row.call_id.clone())
-            .push_bind(row.body.clone())
-            .push_bind(row.pins.clone())
-            .push_bind(row.input_tokens)
-            .push_bind(row.output_tokens)
-            .push_bind(row.ttl_ms)
-            .push_bind(row.key.fence);
-    });
-    statement.push(SQLITE_INSERT_TAIL);
-    Ok(statement
-        .build_query_as()
-        .persistent(crate::db::keep_prepared(rows.len()))
-        .fetch_all(c)
-        .await?)
+/// SQLite's insert of `rows` as a statement of `batch`. A row
+/// goes in when it holds its lease and, if it names a receipt (a charge's steps, which
+/// commit with it), that receipt is there. The statement returns the (scope, operation
+/// key, step) of those written.
+pub(crate) fn push_sqlite(batch: &mut Batch, rows: &[(Option<String>, &NewEntry)]) {
+    let rows: Vec<_> = rows
+        .iter()
+        .map(|(receipt, r)| {
+            let key = &r.key;
+            (
+                &key.caller,
+                &key.operation_key,
+                r.step,
+                r.kind.as_str(),
+                &r.name,
+                &r.call_id,
+                &r.body,
+                &r.pins,
+                r.input_tokens,
+                r.output_tokens,
+                r.ttl_ms,
+                key.fence,
+                receipt,
+            )
+        })
+        .collect();
+    batch.push_rows(SQLITE_INSERT, rows);
 }
 
 /// Rows as Postgres arrays, bound in the order [`pg_insert!`] names them; `receipt` is the

@@ -4,6 +4,7 @@ use std::sync::Arc;
 
 use crate::common::{Backend, TestDb};
 use checkout::db::{Database, PoolSettings};
+use checkout::journal::{EntryKind, JournalKey, NewEntry};
 use checkout::payments::{
     Charge, ChargeOutcome, Currency, Money, OperationKey, Order, OrderId, Receipt, Receipts,
 };
@@ -212,6 +213,59 @@ async fn contract(store: Arc<Receipts>, db: &TestDb) {
         )
         .await,
         100
+    );
+
+    // Ten charges of one order at once, each with a journal step of its own operation (on
+    // SQLite in one transaction, mostly): the step of the charge that went in is written,
+    // and the nine that found its receipt write none.
+    let journaled = order("C-JOURNAL", "3.00", "USD");
+    let mut tasks = tokio::task::JoinSet::new();
+    for _ in 0..10 {
+        let (store, journaled) = (store.clone(), journaled.clone());
+        tasks.spawn(async move {
+            let op = OperationKey::mint();
+            let step = |receipt: &Receipt| {
+                vec![NewEntry {
+                    key: JournalKey {
+                        caller: String::new(),
+                        operation_key: op.as_str().to_owned(),
+                        fence: None,
+                    },
+                    step: 1,
+                    kind: EntryKind::Tool,
+                    name: "charge".into(),
+                    call_id: Some("call-1".into()),
+                    body: format!("{{\"receipt\":\"{}\"}}", receipt.id),
+                    pins: None,
+                    input_tokens: None,
+                    output_tokens: None,
+                    ttl_ms: 60_000,
+                }]
+            };
+            let key = journaled.charge_key();
+            let charge = Charge::new(&key, journaled.amount(), &op, "");
+            store.charge(&charge, None, step).await.unwrap()
+        });
+    }
+    let mut created = Vec::new();
+    while let Some(outcome) = tasks.join_next().await {
+        if let ChargeOutcome::Created(r) = outcome.unwrap() {
+            created.push(r);
+        }
+    }
+    assert_eq!(created.len(), 1, "one charge of C-JOURNAL went in");
+    assert_eq!(
+        db.count("SELECT count(*) FROM agent_journal", None).await,
+        1,
+        "only the charge that went in journals"
+    );
+    assert_eq!(
+        db.count(
+            "SELECT count(*) FROM agent_journal WHERE operation_key = $1",
+            Some(&created[0].operation_key)
+        )
+        .await,
+        1
     );
 }
 

@@ -10,10 +10,10 @@ use std::collections::HashMap;
 use std::sync::Arc;
 
 use chrono::{DateTime, SecondsFormat, Utc};
-use sqlx::QueryBuilder;
+use sqlx::PgConnection;
 use uuid::Uuid;
 
-use crate::db::{Conn, GroupWrite, StoreError, on_conn};
+use crate::db::{Batch, Conn, GroupWrite, Returned, StoreError, on_conn};
 use crate::journal::wake::Wake;
 use crate::journal::{self, NewEntry, PgEntries};
 use crate::payments::keys::OrderId;
@@ -55,9 +55,12 @@ const INSERT_UNNEST: &str = concat!(
     " SELECT * FROM charged"
 );
 
-/// SQLite has no arrays: a multi-row `VALUES` between these two, prepared in microseconds.
-const INSERT_VALUES: &str = "INSERT INTO receipts (id, order_id, amount_minor, currency, operation_key, created_at, caller, provider_payment_id) ";
-const ON_CONFLICT: &str = " ON CONFLICT (order_id) DO NOTHING \
+/// SQLite's: the rows are one JSON array (`db::Batch::push_rows`), its `UNNEST`.
+const INSERT_JSON: &str = "\
+    INSERT INTO receipts (id, order_id, amount_minor, currency, operation_key, created_at, caller, provider_payment_id) \
+    SELECT value ->> 0, value ->> 1, value ->> 2, value ->> 3, value ->> 4, value ->> 5, value ->> 6, value ->> 7 \
+    FROM jsonb_each(?) WHERE true \
+    ON CONFLICT (order_id) DO NOTHING \
     RETURNING CAST(id AS TEXT) AS id, order_id, amount_minor, currency, operation_key, caller, created_at, provider_payment_id";
 
 const FIND: &str = "\
@@ -76,20 +79,27 @@ impl GroupWrite for Charges {
         a.receipt.order_id.as_str().cmp(b.receipt.order_id.as_str())
     }
 
-    /// One round trip a group on Postgres (one statement: an explicit transaction would
-    /// cost two more, and would turn "the charge committed, its answer lost" into "BEGIN's
-    /// answer lost, nothing charged"); one transaction on SQLite, which is in-process.
+    /// One round trip a group (one statement: an explicit transaction would cost two
+    /// more, and would turn "the charge committed, its answer lost" into "BEGIN's answer
+    /// lost, nothing charged").
     async fn write(
         &self,
-        conn: Conn<'_>,
+        conn: &mut PgConnection,
         rows: &[ChargeRow],
     ) -> Result<Vec<Self::Out>, StoreError> {
-        let made = insert(conn, rows).await?;
-        let mut made: HashMap<Uuid, Receipt> = made.into_iter().map(|r| (r.id, r)).collect();
-        Ok(rows
-            .iter()
-            .map(|row| made.remove(&row.receipt.id))
-            .collect())
+        Ok(outs(rows, insert_postgres(conn, rows).await?))
+    }
+
+    fn push(&self, batch: &mut Batch, rows: &[ChargeRow]) {
+        push_sqlite(batch, rows);
+    }
+
+    fn read(
+        &self,
+        rows: &[ChargeRow],
+        returned: &mut Returned,
+    ) -> Result<Vec<Self::Out>, StoreError> {
+        Ok(outs(rows, read_sqlite(returned)?))
     }
 
     /// The streams of the charged operations may read the charge's journal row now.
@@ -98,73 +108,102 @@ impl GroupWrite for Charges {
     }
 }
 
+/// Each row's receipt, if `made` has it (it went in).
+fn outs(rows: &[ChargeRow], made: Vec<Receipt>) -> Vec<Option<Receipt>> {
+    let mut made: HashMap<Uuid, Receipt> = made.into_iter().map(|r| (r.id, r)).collect();
+    rows.iter()
+        .map(|row| made.remove(&row.receipt.id))
+        .collect()
+}
+
 /// Inserts `rows` in one commit; the receipts it made, and the journal entries of those.
-/// On Postgres one statement; on SQLite two, inside the caller's transaction (the group
-/// committer's, or a budgeted charge's).
+/// On Postgres one statement; on SQLite two, inside the caller's transaction (a budgeted
+/// charge's; the group writer's goes through [`push_sqlite`]).
 /// A row whose order was already charged (before, or by an earlier row of `rows`) is
 /// skipped and not among them.
 pub async fn insert(conn: Conn<'_>, rows: &[ChargeRow]) -> Result<Vec<Receipt>, StoreError> {
-    let stored: Vec<Stored> = match conn {
-        Conn::Postgres(c) => {
-            let entries = PgEntries::of(rows.iter().flat_map(|r| {
-                let receipt = r.receipt.id.to_string();
-                r.entries.iter().map(move |e| (Some(receipt.clone()), e))
-            }));
-            let rows: Vec<&Receipt> = rows.iter().map(|r| &r.receipt).collect();
-            let query = sqlx::query_as(INSERT_UNNEST)
-                .bind(rows.iter().map(|r| r.id).collect::<Vec<_>>())
-                .bind(rows.iter().map(|r| r.order_id.as_str()).collect::<Vec<_>>())
-                .bind(rows.iter().map(|r| r.amount.minor()).collect::<Vec<_>>())
-                .bind(
-                    rows.iter()
-                        .map(|r| r.amount.currency().code())
-                        .collect::<Vec<_>>(),
-                )
-                .bind(
-                    rows.iter()
-                        .map(|r| r.operation_key.as_str())
-                        .collect::<Vec<_>>(),
-                )
-                .bind(rows.iter().map(|r| r.created_at).collect::<Vec<_>>())
-                .bind(rows.iter().map(|r| r.caller.as_str()).collect::<Vec<_>>());
-            let payment_ids: Vec<Option<&str>> = rows
-                .iter()
-                .map(|r| r.provider_payment_id.as_deref())
-                .collect();
-            entries.bind(query).bind(payment_ids).fetch_all(c).await?
-        }
+    match conn {
+        Conn::Postgres(c) => insert_postgres(c, rows).await,
         Conn::Sqlite(c) => {
-            let mut statement = QueryBuilder::new(INSERT_VALUES);
-            statement.push_values(rows.iter().map(|r| &r.receipt), |mut values, row| {
-                values
-                    .push_bind(row.id.hyphenated().to_string())
-                    .push_bind(row.order_id.as_str().to_owned())
-                    .push_bind(row.amount.minor())
-                    .push_bind(row.amount.currency().code())
-                    .push_bind(row.operation_key.clone())
-                    .push_bind(row.created_at.to_rfc3339_opts(SecondsFormat::Micros, true))
-                    .push_bind(row.caller.clone())
-                    .push_bind(row.provider_payment_id.clone());
-            });
-            statement.push(ON_CONFLICT);
-            let stored: Vec<Stored> = statement
-                .build_query_as()
-                .persistent(crate::db::keep_prepared(rows.len()))
-                .fetch_all(&mut *c)
-                .await?;
-            let entries: Vec<&NewEntry> = rows
-                .iter()
-                .filter(|r| {
-                    stored
-                        .iter()
-                        .any(|s| s.id == r.receipt.id.hyphenated().to_string())
-                })
-                .flat_map(|r| &r.entries)
-                .collect();
-            journal::insert_sqlite(c, &entries).await?;
-            stored
+            let mut batch = Batch::default();
+            push_sqlite(&mut batch, rows);
+            read_sqlite(&mut batch.run(c).await?)
         }
-    };
+    }
+}
+
+async fn insert_postgres(
+    c: &mut PgConnection,
+    rows: &[ChargeRow],
+) -> Result<Vec<Receipt>, StoreError> {
+    let entries = PgEntries::of(rows.iter().flat_map(|r| {
+        let receipt = r.receipt.id.to_string();
+        r.entries.iter().map(move |e| (Some(receipt.clone()), e))
+    }));
+    let rows: Vec<&Receipt> = rows.iter().map(|r| &r.receipt).collect();
+    let query = sqlx::query_as(INSERT_UNNEST)
+        .bind(rows.iter().map(|r| r.id).collect::<Vec<_>>())
+        .bind(rows.iter().map(|r| r.order_id.as_str()).collect::<Vec<_>>())
+        .bind(rows.iter().map(|r| r.amount.minor()).collect::<Vec<_>>())
+        .bind(
+            rows.iter()
+                .map(|r| r.amount.currency().code())
+                .collect::<Vec<_>>(),
+        )
+        .bind(
+            rows.iter()
+                .map(|r| r.operation_key.as_str())
+                .collect::<Vec<_>>(),
+        )
+        .bind(rows.iter().map(|r| r.created_at).collect::<Vec<_>>())
+        .bind(rows.iter().map(|r| r.caller.as_str()).collect::<Vec<_>>());
+    let payment_ids: Vec<Option<&str>> = rows
+        .iter()
+        .map(|r| r.provider_payment_id.as_deref())
+        .collect();
+    let stored: Vec<Stored> = entries.bind(query).bind(payment_ids).fetch_all(c).await?;
+    stored.into_iter().map(Stored::into_receipt).collect()
+}
+
+/// SQLite's two statements: the receipts, then the journal entries of the receipts that
+/// went in (the entries name their receipt, and go in only if it is there: its id is
+/// new, so it is there only if this batch put it there).
+fn push_sqlite(batch: &mut Batch, rows: &[ChargeRow]) {
+    let receipts: Vec<_> = rows
+        .iter()
+        .map(|r| {
+            let r = &r.receipt;
+            let created_at = r.created_at.to_rfc3339_opts(SecondsFormat::Micros, true);
+            let (id, currency) = (r.id.hyphenated().to_string(), r.amount.currency().code());
+            let order = r.order_id.as_str();
+            let (key, payment) = (&r.operation_key, &r.provider_payment_id);
+            (
+                id,
+                order,
+                r.amount.minor(),
+                currency,
+                key,
+                created_at,
+                &r.caller,
+                payment,
+            )
+        })
+        .collect();
+    batch.push_rows(INSERT_JSON, receipts);
+    let entries: Vec<(Option<String>, &NewEntry)> = rows
+        .iter()
+        .flat_map(|r| {
+            let receipt = r.receipt.id.hyphenated().to_string();
+            r.entries.iter().map(move |e| (Some(receipt.clone()), e))
+        })
+        .collect();
+    journal::push_sqlite(batch, &entries);
+}
+
+/// The receipts [`push_sqlite`]'s statements made.
+fn read_sqlite(returned: &mut Returned) -> Result<Vec<Receipt>, StoreError> {
+    let stored: Vec<Stored> = returned.rows()?;
+    returned.skip();
     stored.into_iter().map(Stored::into_receipt).collect()
 }
 
