@@ -71,7 +71,7 @@ pub trait GroupWrite: Send + Sync + 'static {
 
 struct Pending<W: GroupWrite> {
     row: W::Row,
-    done: oneshot::Sender<Result<W::Out, StoreError>>,
+    done: Answer<W::Out>,
 }
 
 /// The queue in front of a table's writer task; the task ends with the last clone.
@@ -253,21 +253,28 @@ async fn write_groups<W: GroupWrite>(
             written = writer.write(&rows) => written,
             () = everyone_gone => continue,
         };
-        match written {
-            Ok(outs) => {
-                for (out, done) in outs.into_iter().zip(waiting) {
-                    // The caller may have gone (a timeout); its row stands all the same.
-                    let _ = done.send(Ok(out));
-                }
+        answer(written, waiting);
+    }
+}
+
+/// Tells each caller what became of its row, or of the failure.
+fn answer<O>(written: Result<Vec<O>, StoreError>, callers: Vec<Answer<O>>) {
+    match written {
+        Ok(outs) => {
+            for (out, done) in outs.into_iter().zip(callers) {
+                // The caller may have gone (a timeout); its row stands all the same.
+                let _ = done.send(Ok(out));
             }
-            Err(err) => {
-                for done in waiting {
-                    let _ = done.send(Err(err.clone()));
-                }
+        }
+        Err(err) => {
+            for done in callers {
+                let _ = done.send(Err(err.clone()));
             }
         }
     }
 }
+
+type Answer<O> = oneshot::Sender<Result<O, StoreError>>;
 
 /// SQLite's one writer. Its one connection runs every statement, and each commit waits for
 /// the disk: a group of each table committed apart, one after the other, each waiting
@@ -302,7 +309,7 @@ struct Table<W: GroupWrite> {
     taken: Vec<Pending<W>>,
     /// In the transaction: the rows and their callers.
     rows: Vec<W::Row>,
-    answering: Vec<oneshot::Sender<Result<W::Out, StoreError>>>,
+    answering: Vec<Answer<W::Out>>,
 }
 
 impl<W: GroupWrite> Table<W> {
@@ -336,32 +343,16 @@ impl<W: GroupWrite> Lane for Table<W> {
     }
 
     fn finish(&mut self, committed: Result<&mut Returned, &StoreError>) {
-        let answering = std::mem::take(&mut self.answering);
-        match committed {
+        let written = match committed {
             Ok(returned) => {
                 self.table.committed(&self.rows);
-                match self.table.read(&self.rows, returned) {
-                    Ok(outs) => {
-                        for (out, done) in outs.into_iter().zip(answering) {
-                            // The caller may have gone (a timeout); its row stands all the same.
-                            let _ = done.send(Ok(out));
-                        }
-                    }
-                    // Committed, but what became of each row cannot be told.
-                    Err(err) => {
-                        for done in answering {
-                            let _ = done.send(Err(err.clone()));
-                        }
-                    }
-                }
+                // Committed; should a row's outcome not be readable, its caller hears so.
+                self.table.read(&self.rows, returned)
             }
-            Err(err) => {
-                // Rolled back: every caller hears of the failure.
-                for done in answering {
-                    let _ = done.send(Err(err.clone()));
-                }
-            }
-        }
+            // Rolled back: every caller hears of the failure.
+            Err(err) => Err(err.clone()),
+        };
+        answer(written, std::mem::take(&mut self.answering));
         self.rows.clear();
     }
 }
