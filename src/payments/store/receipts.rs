@@ -118,7 +118,7 @@ fn outs(rows: &[ChargeRow], made: Vec<Receipt>) -> Vec<Option<Receipt>> {
 
 /// Inserts `rows` in one commit; the receipts it made, and the journal entries of those.
 /// On Postgres one statement; on SQLite two, inside the caller's transaction (a budgeted
-/// charge's; the group writer's goes through [`push_sqlite`]).
+/// charge's; the group writer's goes through `push_sqlite`).
 /// A row whose order was already charged (before, or by an earlier row of `rows`) is
 /// skipped and not among them.
 pub async fn insert(conn: Conn<'_>, rows: &[ChargeRow]) -> Result<Vec<Receipt>, StoreError> {
