@@ -11,7 +11,7 @@
 //! thread runs them back to back, and the task collects each statement's rows.
 //!
 //! A group's rows are one argument, a JSON array of rows (each an array of its values),
-//! which the statement reads with `json_each`: SQLite has no arrays, and this is its
+//! which the statement reads with `jsonb_each`: SQLite has no arrays, and this is its
 //! `UNNEST`. A statement's text is then the same for a group of any size, prepared once
 //! per connection. Written as a multi-row `VALUES`, every group size was a text of its
 //! own, parsed afresh: under 64 keyed checkouts in flight, SQLite's parser was 42 % of
@@ -92,7 +92,7 @@ impl Returned {
         Ok(rows.iter().map(T::from_row).collect::<Result<_, _>>()?)
     }
 
-    /// Passes over the next statement (one that returns nothing).
+    /// Passes over the next statement, whatever it returned.
     pub fn skip(&mut self) {
         self.0.next();
     }

@@ -305,7 +305,8 @@ impl GroupWrite for Completions {
                     .map(|r| r.saved.body.as_slice())
                     .collect::<Vec<_>>(),
             );
-        Ok(saved(rows, closing.bind(query).fetch_all(c).await?))
+        let saved = closing.bind(query).fetch_all(c).await?;
+        Ok(held(rows.iter().map(|r| &r.lease), saved))
     }
 
     /// The steps first: their insert asks, as the save does, that the record be
@@ -337,7 +338,7 @@ impl GroupWrite for Completions {
 
     fn read(&self, rows: &[Completion], returned: &mut Returned) -> Result<Vec<bool>, StoreError> {
         returned.skip();
-        Ok(saved(rows, returned.rows()?))
+        Ok(held(rows.iter().map(|r| &r.lease), returned.rows()?))
     }
 
     /// The closing steps committed: streams following them here read them now.
@@ -346,15 +347,16 @@ impl GroupWrite for Completions {
     }
 }
 
-/// Whether each row's answer is among those `saved`. Named by fence too: a zombie's row
-/// beside its successor's in one group is not told that the successor's save was its own.
-fn saved(rows: &[Completion], saved: Vec<(String, String, i64)>) -> Vec<bool> {
-    let saved: HashSet<(String, String, i64)> = saved.into_iter().collect();
-    rows.iter()
-        .map(|r| {
-            let lease = &r.lease;
-            saved.contains(&(lease.caller.clone(), lease.key.clone(), lease.fence))
-        })
+/// Whether each of `leases` is among the (caller, key, fence) a group's statement
+/// `returned`. Named by fence too: a zombie's row beside its successor's in one group is
+/// not told that the successor's write was its own.
+pub(super) fn held<'l>(
+    leases: impl Iterator<Item = &'l Lease>,
+    returned: Vec<(String, String, i64)>,
+) -> Vec<bool> {
+    let returned: HashSet<(String, String, i64)> = returned.into_iter().collect();
+    leases
+        .map(|lease| returned.contains(&(lease.caller.clone(), lease.key.clone(), lease.fence)))
         .collect()
 }
 

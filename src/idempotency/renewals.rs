@@ -10,12 +10,11 @@
 //! their record) for seconds in two of four runs of figure 12.
 
 use std::cmp::Ordering;
-use std::collections::HashSet;
 use std::time::Duration;
 
 use sqlx::PgConnection;
 
-use super::records::Lease;
+use super::records::{Lease, held};
 use crate::db::{Batch, Conn, GroupWrite, Returned, StoreError, on_conn};
 
 /// A lease to extend by `lease_ms` from now.
@@ -92,17 +91,7 @@ impl GroupWrite for Renewals {
         batch.push_rows(SQLITE_RENEW_GROUP, rows);
     }
 
-    /// Named by fence too: a zombie's renewal beside its successor's in one group is not
-    /// told that the successor's was its own.
     fn read(&self, rows: &[Renewal], returned: &mut Returned) -> Result<Vec<bool>, StoreError> {
-        let renewed: Vec<(String, String, i64)> = returned.rows()?;
-        let renewed: HashSet<(String, String, i64)> = renewed.into_iter().collect();
-        Ok(rows
-            .iter()
-            .map(|r| {
-                let lease = &r.lease;
-                renewed.contains(&(lease.caller.clone(), lease.key.clone(), lease.fence))
-            })
-            .collect())
+        Ok(held(rows.iter().map(|r| &r.lease), returned.rows()?))
     }
 }
