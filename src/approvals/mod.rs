@@ -15,10 +15,9 @@ use std::fmt;
 use std::time::Duration;
 
 use chrono::{DateTime, Utc};
-use sqlx::Connection;
 use uuid::Uuid;
 
-use crate::db::{Conn, Database, StoreError, on_conn};
+use crate::db::{BeginWrite, Conn, Database, StoreError, on_conn};
 use crate::idempotency::{Lease, PAUSE, REOPEN, SETTLE_PAUSED, Saved};
 use crate::journal;
 use crate::payments::{Currency, Money, Order};
@@ -180,7 +179,7 @@ impl Approvals {
         let (caller, key) = (lease.caller.as_str(), lease.key.as_str());
         let mut conn = self.db.acquire().await?;
         on_conn!(conn.conn(), c => {
-            let mut tx = c.begin().await?;
+            let mut tx = c.begin_write().await?;
             sqlx::query(ASK)
                 .bind(&id)
                 .bind(caller)
@@ -265,7 +264,7 @@ impl Approvals {
         let mut conn = self.db.acquire().await?;
         let id_text = id.hyphenated().to_string();
         let decided = on_conn!(conn.conn(), c => {
-            let mut tx = c.begin().await?;
+            let mut tx = c.begin_write().await?;
             let approved: Option<(String, String)> = sqlx::query_as(APPROVE)
                 .bind(&id_text)
                 .bind(by)
@@ -342,7 +341,7 @@ impl Approvals {
         let saved = answer(&approval);
         let id_text = id.hyphenated().to_string();
         let decided = on_conn!(conn.conn(), c => {
-            let mut tx = c.begin().await?;
+            let mut tx = c.begin_write().await?;
             let decided: Option<String> = sqlx::query_scalar(decision)
                 .bind(&id_text)
                 .bind(by)

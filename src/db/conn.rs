@@ -39,3 +39,30 @@ impl<'c> From<&'c mut SqliteConnection> for Conn<'c> {
         Conn::Sqlite(c)
     }
 }
+
+/// Begins a transaction that writes. On SQLite it is `BEGIN IMMEDIATE`, which takes the
+/// write lock at once, waiting within the busy timeout while SQLite's writer commits on
+/// its own connection (`db::group`): a deferred `BEGIN` that read before it wrote could
+/// not write at all once the writer had committed in between (`SQLITE_BUSY_SNAPSHOT`,
+/// which no busy timeout waits out).
+pub trait BeginWrite: sqlx::Connection {
+    fn begin_write(
+        &mut self,
+    ) -> impl Future<Output = Result<sqlx::Transaction<'_, Self::Database>, sqlx::Error>> + Send;
+}
+
+impl BeginWrite for sqlx::PgConnection {
+    fn begin_write(
+        &mut self,
+    ) -> impl Future<Output = Result<sqlx::Transaction<'_, Postgres>, sqlx::Error>> + Send {
+        sqlx::Connection::begin(self)
+    }
+}
+
+impl BeginWrite for sqlx::SqliteConnection {
+    fn begin_write(
+        &mut self,
+    ) -> impl Future<Output = Result<sqlx::Transaction<'_, Sqlite>, sqlx::Error>> + Send {
+        sqlx::Connection::begin_with(self, "BEGIN IMMEDIATE")
+    }
+}

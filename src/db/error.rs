@@ -36,6 +36,56 @@ impl StoreError {
     pub fn unreachable(err: sqlx::Error) -> StoreError {
         StoreError::Unreachable(Arc::new(err))
     }
+
+    /// For a failure of a statement SQLite's writer ran on its own connection
+    /// (`db::Batch::run`): told apart as sqlx's would be, by SQLite's extended result code
+    /// (BUSY and LOCKED are worth a retry).
+    pub fn sqlite(err: rusqlite::Error) -> StoreError {
+        let sqlx_error = match err {
+            rusqlite::Error::SqliteFailure(failure, message) => {
+                sqlx::Error::Database(Box::new(SqliteFailure {
+                    code: failure.extended_code,
+                    message: message.unwrap_or_else(|| failure.to_string()),
+                }))
+            }
+            other => sqlx::Error::Decode(Box::new(other)),
+        };
+        StoreError::from(sqlx_error)
+    }
+}
+
+/// A statement's failure as SQLite reported it to the writer's own calls.
+#[derive(Debug, thiserror::Error)]
+#[error("(code: {code}) {message}")]
+struct SqliteFailure {
+    code: i32,
+    message: String,
+}
+
+impl sqlx::error::DatabaseError for SqliteFailure {
+    fn message(&self) -> &str {
+        &self.message
+    }
+
+    fn code(&self) -> Option<std::borrow::Cow<'_, str>> {
+        Some(self.code.to_string().into())
+    }
+
+    fn as_error(&self) -> &(dyn std::error::Error + Send + Sync + 'static) {
+        self
+    }
+
+    fn as_error_mut(&mut self) -> &mut (dyn std::error::Error + Send + Sync + 'static) {
+        self
+    }
+
+    fn into_error(self: Box<Self>) -> Box<dyn std::error::Error + Send + Sync + 'static> {
+        self
+    }
+
+    fn kind(&self) -> sqlx::error::ErrorKind {
+        sqlx::error::ErrorKind::Other
+    }
 }
 
 impl From<sqlx::Error> for StoreError {
@@ -64,5 +114,35 @@ fn is_transient(err: &sqlx::Error) -> bool {
                 )
         }),
         _ => false,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn failure(extended_code: i32) -> rusqlite::Error {
+        rusqlite::Error::SqliteFailure(rusqlite::ffi::Error::new(extended_code), None)
+    }
+
+    /// A statement SQLite's writer ran itself fails as one sqlx ran would: BUSY and
+    /// LOCKED (and their extended codes) are worth a retry, a constraint is not.
+    #[test]
+    fn the_writers_own_sqlite_failures_are_told_apart_by_their_extended_code() {
+        for code in [5, 6, 261, 517, 262] {
+            let err = StoreError::sqlite(failure(code));
+            assert!(err.is_transient(), "{code}: {err}");
+            assert!(
+                !err.never_sent(),
+                "{code}: a statement that failed was sent"
+            );
+        }
+        // SQLITE_CONSTRAINT_CHECK, SQLITE_CONSTRAINT_UNIQUE, SQLITE_ERROR.
+        for code in [275, 2067, 1] {
+            let err = StoreError::sqlite(failure(code));
+            assert!(!err.is_transient(), "{code}: {err}");
+        }
+        let decoding = StoreError::sqlite(rusqlite::Error::InvalidColumnIndex(3));
+        assert!(!decoding.is_transient(), "{decoding}");
     }
 }

@@ -12,12 +12,13 @@
 //! dialect.
 //!
 //! On Postgres each table's group is one statement on a connection of its own, and the
-//! groups of different tables commit side by side. On SQLite, whose one connection runs
-//! every statement and whose every commit waits for the disk, the groups that are ready
+//! groups of different tables commit side by side. On SQLite, which writes one transaction
+//! at a time and whose every commit waits for the disk, the groups that are ready
 //! at the same moment — a new key's claim, a charge, a saved answer, each from another
 //! table's writer — go into one transaction ([`SqliteWriter`]): one commit and one flush
 //! for all of them, where each had been a commit of its own, queued behind the others'.
-//! That transaction is one [`Batch`], one command to SQLite's thread.
+//! That transaction is one [`Batch`], which the writer runs itself, on a thread and a
+//! connection of its own ([`Batch::run`]).
 
 use std::cmp::Ordering;
 use std::sync::Arc;
@@ -29,7 +30,7 @@ use sqlx::PgConnection;
 use tokio::sync::{mpsc, oneshot};
 
 use super::batch::{Batch, Returned};
-use super::{Database, Pooled, StoreError, on_conn};
+use super::{Database, Pooled, SqliteFile, StoreError, on_conn};
 
 /// The most rows of a table in one group.
 const MAX_GROUP: usize = 512;
@@ -276,12 +277,21 @@ fn answer<O>(written: Result<Vec<O>, StoreError>, callers: Vec<Answer<O>>) {
 
 type Answer<O> = oneshot::Sender<Result<O, StoreError>>;
 
-/// SQLite's one writer. Its one connection runs every statement, and each commit waits for
+/// SQLite's one writer. SQLite writes one transaction at a time, and each commit waits for
 /// the disk: a group of each table committed apart, one after the other, each waiting
-/// for the connection and then for its own flush. So one task takes every table's queue
+/// for the connection and then for its own flush. So one thread takes every table's queue
 /// and writes what is queued in all of them in one transaction: one commit, one flush,
 /// and no wait for the connection between them. A failure rolls back the transaction
 /// and every group in it hears of it (nothing of theirs was written).
+///
+/// The thread runs the transaction on a connection of its own, with rusqlite: with sqlx's
+/// calls on the pool's one connection, every statement (and then every transaction, as one
+/// command) was a round trip between a task of the runtime and sqlx's thread for the
+/// connection, each side waking the other and waiting for a core (issue 34: at 64 keyed
+/// checkouts in flight, the writer's task waited some 0.65 ms a transaction for a worker),
+/// and readers waited for the writer's transactions. Statements on the pool's connection
+/// that write take the lock at once (`BEGIN IMMEDIATE`, `db::BeginWrite`) and wait for the
+/// writer's transaction, as the writer's does for theirs.
 ///
 /// Not bounded by the callers' patience as a Postgres group is: a statement on a local
 /// file always answers (within the busy timeout).
@@ -360,9 +370,20 @@ impl<W: GroupWrite> Lane for Table<W> {
 impl SqliteWriter {
     /// Starts SQLite's writer. It ends when every table's writers are gone (the database
     /// keeps only a weak handle), or when the database is being closed.
-    pub(super) fn start(db: &Database) -> SqliteWriter {
+    pub(super) fn start(db: &Database, file: Arc<SqliteFile>) -> SqliteWriter {
         let (tables, added) = mpsc::unbounded_channel();
-        tokio::spawn(write_sqlite(db.clone(), added, db.close_event()));
+        let closing = db.close_event();
+        // A thread of its own, with its own connection: it blocks while SQLite runs a
+        // transaction (`commit`), and nothing else waits for that connection.
+        std::thread::Builder::new()
+            .name("sqlite-writer".into())
+            .spawn(move || {
+                tokio::runtime::Builder::new_current_thread()
+                    .build()
+                    .expect("a runtime for SQLite's writer")
+                    .block_on(write_sqlite(file, added, closing))
+            })
+            .expect("a thread for SQLite's writer");
         SqliteWriter { tables }
     }
 
@@ -380,121 +401,120 @@ impl SqliteWriter {
     }
 }
 
-/// The most transactions SQLite's writer runs on one connection while rows keep coming,
-/// before it lets the pool lend it to a reader: taking it back costs a cycle some 200 µs
-/// (the pool tests a returned connection with a round trip to SQLite's thread, from a
-/// task of its own), some 11 % of the writer's cycle under 64 keyed checkouts in flight.
-const KEPT_TRANSACTIONS: u32 = 4;
-
 async fn write_sqlite(
-    db: Database,
+    file: Arc<SqliteFile>,
     mut added: mpsc::UnboundedReceiver<Box<dyn Lane>>,
     closing: impl Future<Output = ()>,
 ) {
     let mut tables: Vec<Box<dyn Lane>> = Vec::new();
     let mut adding = true;
-    // The connection, kept from one transaction to the next while rows are waiting.
-    let mut kept: Option<Pooled> = None;
-    let mut kept_for = 0;
+    // The writer's own connection, opened at its first transaction, and again after one
+    // that left it in a state nobody knows. Its statements stay prepared for its life.
+    let mut conn: Option<rusqlite::Connection> = None;
     tokio::pin!(closing);
     loop {
-        // Until some table has rows: new tables join, tables whose writers are gone leave.
-        let mut rows = |cx: &mut Context<'_>| {
-            if closing.as_mut().poll(cx).is_ready() {
-                return Poll::Ready(false);
-            }
-            while adding {
-                match added.poll_recv(cx) {
-                    Poll::Ready(Some(table)) => tables.push(table),
-                    Poll::Ready(None) => adding = false,
-                    Poll::Pending => break,
-                }
-            }
-            let mut ready = false;
-            tables.retain_mut(|table| match table.poll_take(cx) {
-                // Its writers are gone: it leaves once what it took is written.
-                Poll::Ready(0) => {
-                    ready |= table.taken();
-                    table.taken()
-                }
-                Poll::Ready(_) => {
-                    ready = true;
-                    true
-                }
-                Poll::Pending => {
-                    ready |= table.taken();
-                    true
-                }
-            });
-            match (ready, adding || !tables.is_empty()) {
-                (true, _) => Poll::Ready(true),
-                (false, true) => Poll::Pending,
-                (false, false) => Poll::Ready(false),
-            }
-        };
-        let waiting = rows(&mut Context::from_waker(std::task::Waker::noop()));
-        let go_on = match waiting {
-            Poll::Ready(go_on) if kept_for < KEPT_TRANSACTIONS => go_on,
-            // None waiting (or the connection was kept long enough): it goes back to the
-            // pool before the writer waits.
-            _ => {
-                (kept, kept_for) = (None, 0);
-                poll_fn(&mut rows).await
-            }
-        };
+        let go_on =
+            poll_fn(|cx| poll_rows(cx, closing.as_mut(), &mut added, &mut adding, &mut tables))
+                .await;
         if !go_on {
             return;
         }
+        let open = match conn.take() {
+            Some(open) => Ok(open),
+            None => file.open().map_err(StoreError::sqlite),
+        };
+        let open = match open {
+            Ok(open) => open,
+            Err(err) => {
+                for table in tables.iter_mut().filter(|t| t.taken()) {
+                    table.push(&mut Batch::default());
+                    table.finish(Err(&err));
+                }
+                continue;
+            }
+        };
         let mut written: Vec<&mut Box<dyn Lane>> =
             tables.iter_mut().filter(|t| t.taken()).collect();
-        let mut committed = commit(&db, &mut kept, &mut written).await;
-        kept_for += 1;
+        let (mut committed, usable) = commit(&open, &mut written);
         for table in written {
             table.finish(committed.as_mut().map_err(|err| &*err));
+        }
+        if usable {
+            conn = Some(open);
         }
     }
 }
 
-/// Writes the tables' rows in one transaction, run as one batch on the `kept` connection
-/// (taken from the pool if none is); what its statements returned, past its `BEGIN`. The
-/// first failure rolls back all of them, and the connection is let go.
-///
-/// Not cancelled once started (`write_sqlite` awaits it to its end); should the runtime
-/// drop it at shutdown, the pool closes the connection and SQLite rolls back what its
-/// transaction had not committed.
-async fn commit(
-    db: &Database,
-    kept: &mut Option<Pooled>,
+/// Until some table has rows (ready with true), new tables join and tables whose writers
+/// are gone leave; ready with false when the writer is to end.
+fn poll_rows(
+    cx: &mut Context<'_>,
+    closing: std::pin::Pin<&mut impl Future<Output = ()>>,
+    added: &mut mpsc::UnboundedReceiver<Box<dyn Lane>>,
+    adding: &mut bool,
+    tables: &mut Vec<Box<dyn Lane>>,
+) -> Poll<bool> {
+    if closing.poll(cx).is_ready() {
+        return Poll::Ready(false);
+    }
+    while *adding {
+        match added.poll_recv(cx) {
+            Poll::Ready(Some(table)) => tables.push(table),
+            Poll::Ready(None) => *adding = false,
+            Poll::Pending => break,
+        }
+    }
+    let mut ready = false;
+    tables.retain_mut(|table| match table.poll_take(cx) {
+        // Its writers are gone: it leaves once what it took is written.
+        Poll::Ready(0) => {
+            ready |= table.taken();
+            table.taken()
+        }
+        Poll::Ready(_) => {
+            ready = true;
+            true
+        }
+        Poll::Pending => {
+            ready |= table.taken();
+            true
+        }
+    });
+    match (ready, *adding || !tables.is_empty()) {
+        (true, _) => Poll::Ready(true),
+        (false, true) => Poll::Pending,
+        (false, false) => Poll::Ready(false),
+    }
+}
+
+/// Writes the tables' rows in one transaction, one batch on `conn`; what its statements
+/// returned, past its `BEGIN`, and whether `conn` is fit for the next. The first failure
+/// rolls back all of them.
+fn commit(
+    conn: &rusqlite::Connection,
     tables: &mut [&mut Box<dyn Lane>],
-) -> Result<Returned, StoreError> {
+) -> (Result<Returned, StoreError>, bool) {
     let mut batch = Batch::default();
-    batch.push("BEGIN");
+    // The write lock at once (waiting within the busy timeout for a transaction of the
+    // pool's connection), so that no statement of the batch meets another writer.
+    batch.push("BEGIN IMMEDIATE");
     for table in tables.iter_mut() {
         table.push(&mut batch);
     }
     batch.push("COMMIT");
-    let pooled = match kept {
-        Some(pooled) => pooled,
-        None => kept.insert(db.acquire().await?),
-    };
-    let Pooled::Sqlite(conn) = pooled else {
-        unreachable!("SQLite's writer has SQLite's connections");
-    };
-    match batch.run(conn).await {
+    match batch.run(conn) {
         Ok(mut returned) => {
             returned.skip();
-            Ok(returned)
+            (Ok(returned), true)
         }
         Err(err) => {
             // The batch stopped at the statement that failed: inside the transaction, or
-            // at a `COMMIT` that failed. Should the rollback fail too (no transaction was
-            // open: `BEGIN` failed, or SQLite rolled back a failed `COMMIT` itself), the
-            // connection is closed rather than lent on in a state nobody knows.
-            if sqlx::query("ROLLBACK").execute(&mut **conn).await.is_err() {
-                conn.close_on_drop();
-            }
-            *kept = None;
-            Err(err)
+            // at a `COMMIT` that failed and left it open. No transaction open (`BEGIN`
+            // failed, or SQLite rolled back a failed `COMMIT` itself): nothing to undo.
+            // Should the rollback fail, the connection is closed rather than used on in
+            // a state nobody knows.
+            let usable = conn.is_autocommit() || conn.execute_batch("ROLLBACK").is_ok();
+            (Err(err), usable)
         }
     }
 }
@@ -504,7 +524,7 @@ mod tests {
     use std::time::Duration;
 
     use super::*;
-    use crate::db::PoolSettings;
+    use crate::db::{BeginWrite, PoolSettings};
 
     /// A table of this test's own, whose group is two statements: a row goes into `kept`
     /// and then into `checked`, which refuses `"boom"` (a fault the service's tables
@@ -546,6 +566,88 @@ mod tests {
         }
     }
 
+    /// A transaction of the pool's connection that reads before it writes commits while
+    /// SQLite's writer commits on its own connection: it takes the write lock at once
+    /// (`BeginWrite`), where a deferred one that had read could not write once the writer
+    /// had committed in between (`SQLITE_BUSY_SNAPSHOT`, which no busy timeout waits out).
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn the_pools_transactions_write_beside_the_sqlite_writer() {
+        let (_dir, db) = sqlite_with(
+            "CREATE TABLE kept (v TEXT NOT NULL); CREATE TABLE checked (v TEXT NOT NULL); \
+             CREATE TABLE counted (n INTEGER NOT NULL);",
+        )
+        .await;
+        let writer = GroupWriter::start(&db, TwoStatements);
+        let writers: Vec<_> = (0..8)
+            .map(|_| {
+                let writer = writer.clone();
+                tokio::spawn(async move {
+                    for _ in 0..50 {
+                        writer.write("row").await.unwrap();
+                    }
+                })
+            })
+            .collect();
+        for _ in 0..40 {
+            let mut conn = db.acquire().await.unwrap();
+            let Pooled::Sqlite(c) = &mut conn else {
+                unreachable!()
+            };
+            let mut tx = c.begin_write().await.unwrap();
+            let n: i64 = sqlx::query_scalar("SELECT count(*) FROM kept")
+                .fetch_one(&mut *tx)
+                .await
+                .unwrap();
+            // The writer commits meanwhile, unless this transaction holds the lock.
+            tokio::time::sleep(Duration::from_millis(2)).await;
+            sqlx::query("INSERT INTO counted (n) VALUES (?)")
+                .bind(n)
+                .execute(&mut *tx)
+                .await
+                .expect("the pool's transaction writes after it read");
+            tx.commit().await.unwrap();
+        }
+        for task in writers {
+            task.await.unwrap();
+        }
+        assert_eq!(count(&db, "counted").await, 40);
+        assert_eq!(count(&db, "kept").await, 400, "every row of the writer");
+        assert_eq!(count(&db, "checked").await, 400);
+    }
+
+    /// SQLite's writer opens the file on a connection of its own, so a database only in
+    /// the pool's memory is refused at start-up, and says why.
+    #[tokio::test]
+    async fn an_in_memory_sqlite_database_is_refused_at_start_up() {
+        for url in ["sqlite::memory:", "sqlite://t.db?mode=memory"] {
+            let refused = Database::open(url, &POOL).await.unwrap_err();
+            assert!(
+                matches!(refused, crate::db::OpenError::InMemory(_)),
+                "{url}: {refused}"
+            );
+        }
+    }
+
+    const POOL: PoolSettings = PoolSettings {
+        max_connections: 1,
+        acquire_timeout: Duration::from_secs(5),
+    };
+
+    /// A SQLite database of its own in a new directory (kept while the test holds it),
+    /// with the tables `schema` makes.
+    async fn sqlite_with(schema: &'static str) -> (tempfile::TempDir, Database) {
+        let dir = tempfile::tempdir().unwrap();
+        let url = format!("sqlite://{}?mode=rwc", dir.path().join("t.db").display());
+        let db = Database::open(&url, &POOL).await.unwrap();
+        let mut conn = db.acquire().await.unwrap();
+        let Pooled::Sqlite(c) = &mut conn else {
+            unreachable!()
+        };
+        sqlx::raw_sql(schema).execute(&mut **c).await.unwrap();
+        drop(conn);
+        (dir, db)
+    }
+
     async fn count(db: &Database, table: &str) -> i64 {
         let mut conn = db.acquire().await.unwrap();
         let sql = format!("SELECT count(*) FROM {table}");
@@ -557,26 +659,11 @@ mod tests {
     /// on the same writer: the failed one was not left open.
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn a_failed_sqlite_transaction_is_rolled_back_whole_and_the_writer_goes_on() {
-        let dir = tempfile::tempdir().unwrap();
-        let url = format!("sqlite://{}?mode=rwc", dir.path().join("t.db").display());
-        let pool = PoolSettings {
-            max_connections: 1,
-            acquire_timeout: Duration::from_secs(5),
-        };
-        let db = Database::open(&url, &pool).await.unwrap();
-        {
-            let mut conn = db.acquire().await.unwrap();
-            let Pooled::Sqlite(c) = &mut conn else {
-                unreachable!()
-            };
-            sqlx::raw_sql(
-                "CREATE TABLE kept (v TEXT NOT NULL); \
-                 CREATE TABLE checked (v TEXT NOT NULL CHECK (v <> 'boom'));",
-            )
-            .execute(&mut **c)
-            .await
-            .unwrap();
-        }
+        let (_dir, db) = sqlite_with(
+            "CREATE TABLE kept (v TEXT NOT NULL); \
+             CREATE TABLE checked (v TEXT NOT NULL CHECK (v <> 'boom'));",
+        )
+        .await;
         let writer = GroupWriter::start(&db, TwoStatements);
         let write = |row: &'static str| {
             let writer = writer.clone();

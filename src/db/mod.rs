@@ -28,7 +28,7 @@ use sqlx::sqlite::{
 use crate::journal::wake::Wake;
 
 pub use batch::{Batch, Returned};
-pub use conn::{Conn, Pooled};
+pub use conn::{BeginWrite, Conn, Pooled};
 pub use error::StoreError;
 pub use group::{GroupWrite, GroupWriter};
 
@@ -67,6 +67,28 @@ pub struct Database {
     /// SQLite's one writer of every table's groups (`group.rs`), started with the first
     /// table's; weak, so that it ends with the tables' writers.
     sqlite_writer: Arc<std::sync::Mutex<Option<WeakSqliteWriter>>>,
+    /// The SQLite file, for the writer's own connection.
+    sqlite_file: Option<Arc<SqliteFile>>,
+}
+
+/// What SQLite's writer opens its connection with: the pool's file and busy timeout.
+#[derive(Debug)]
+pub(crate) struct SqliteFile {
+    path: PathBuf,
+    busy_timeout: Duration,
+}
+
+impl SqliteFile {
+    /// The writer's connection, set as the pool's are (`Database::open`); the file is in
+    /// WAL mode already, since the pool's first connection.
+    pub(crate) fn open(&self) -> rusqlite::Result<rusqlite::Connection> {
+        let conn = rusqlite::Connection::open(&self.path)?;
+        conn.busy_timeout(self.busy_timeout)?;
+        conn.execute_batch(
+            "PRAGMA synchronous = FULL; PRAGMA temp_store = MEMORY; PRAGMA foreign_keys = ON;",
+        )?;
+        Ok(conn)
+    }
 }
 
 #[derive(Clone, Debug)]
@@ -93,6 +115,10 @@ pub enum OpenError {
     Connect(#[source] sqlx::Error),
     #[error("cannot apply migrations: {0}")]
     Migrate(#[source] sqlx::migrate::MigrateError),
+    #[error(
+        "DATABASE_URL names an in-memory SQLite database ({0:?}): receipts must outlive the process, and SQLite's writer opens the file on a connection of its own; use a file (the default is sqlite://checkout.db)"
+    )]
+    InMemory(String),
 }
 
 /// Statements are logged (at debug) only when the log takes debug lines at all. Else sqlx
@@ -134,6 +160,7 @@ impl Database {
                 _lock: None,
                 wake: Arc::default(),
                 sqlite_writer: Arc::default(),
+                sqlite_file: None,
             })
         } else if url.starts_with("sqlite:") {
             let options = SqliteConnectOptions::from_str(url)
@@ -152,12 +179,16 @@ impl Database {
                 .busy_timeout(pool.acquire_timeout)
                 .foreign_keys(true)
                 .log_statements(statement_level());
-            let in_memory = url.contains(":memory:") || url.contains("mode=memory");
-            let lock = if in_memory {
-                None
-            } else {
-                Some(Arc::new(lock_exclusively(options.get_filename())?))
+            if url.contains(":memory:") || url.contains("mode=memory") {
+                return Err(OpenError::InMemory(url.to_owned()));
+            }
+            let lock = Arc::new(lock_exclusively(options.get_filename())?);
+            let sqlite_file = SqliteFile {
+                path: options.get_filename().to_owned(),
+                busy_timeout: pool.acquire_timeout,
             };
+            // One connection for every statement but the group writer's, which has its own
+            // (`group::SqliteWriter`): SQLite writes one transaction at a time anyway.
             let sqlite = SqlitePoolOptions::new()
                 .max_connections(1)
                 .acquire_timeout(pool.acquire_timeout)
@@ -171,9 +202,10 @@ impl Database {
                 .map_err(OpenError::Migrate)?;
             Ok(Database {
                 pool: Pool::Sqlite(sqlite),
-                _lock: lock,
+                _lock: Some(lock),
                 wake: Arc::default(),
                 sqlite_writer: Arc::default(),
+                sqlite_file: Some(Arc::new(sqlite_file)),
             })
         } else {
             Err(OpenError::Scheme(url.chars().take(40).collect()))
@@ -188,9 +220,7 @@ impl Database {
     /// SQLite's one writer of every table's groups; `None` on Postgres, where each
     /// table's writer commits its own.
     fn sqlite_writer(&self) -> Option<group::SqliteWriter> {
-        if let Pool::Postgres(_) = self.pool {
-            return None;
-        }
+        let file = self.sqlite_file.clone()?;
         let mut weak = self
             .sqlite_writer
             .lock()
@@ -198,7 +228,7 @@ impl Database {
         if let Some(running) = weak.as_ref().and_then(group::SqliteWriter::upgrade) {
             return Some(running);
         }
-        let started = group::SqliteWriter::start(self);
+        let started = group::SqliteWriter::start(self, file);
         *weak = Some(started.downgrade());
         Some(started)
     }

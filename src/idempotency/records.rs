@@ -139,7 +139,7 @@ const SQLITE_INSERT_GROUP: &str = "\
     SELECT r.value ->> 0, r.value ->> 1, r.value ->> 2, 1, clock.now_ms + (r.value ->> 3), \
     clock.now_ms, clock.now_ms + (r.value ->> 4), r.value ->> 5 \
     FROM jsonb_each(?) AS r, clock WHERE true \
-    ON CONFLICT (scope, key) DO NOTHING RETURNING scope, key, fence";
+    ON CONFLICT (scope, key) DO NOTHING RETURNING json_array(scope, key, fence)";
 
 /// Answers saved, a group at a time (`$1 … $6`: callers, keys, fences, statuses, content
 /// types, bodies), each only under the fence its run holds: the keys saved. And, in the
@@ -169,7 +169,7 @@ const SQLITE_COMPLETE_GROUP: &str = "\
     value ->> 4 AS content_type, unhex(value ->> 5) AS body FROM jsonb_each(?)) AS c \
     WHERE idempotency_keys.scope = c.scope AND idempotency_keys.key = c.key \
     AND idempotency_keys.fence = c.fence AND idempotency_keys.status IS NULL \
-    RETURNING scope, key, fence";
+    RETURNING json_array(scope, key, fence)";
 
 /// A new key's record, about to be inserted with the next group.
 #[derive(Debug)]

@@ -58,7 +58,7 @@ const SQLITE_RENEW_GROUP: &str = "\
     FROM jsonb_each(?)) AS r \
     WHERE idempotency_keys.scope = r.scope AND idempotency_keys.key = r.key \
     AND idempotency_keys.fence = r.fence AND idempotency_keys.status IS NULL \
-    RETURNING scope, key, fence";
+    RETURNING json_array(scope, key, fence)";
 
 /// The group writer's side of lease renewals.
 pub struct Renewals;

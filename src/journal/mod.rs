@@ -280,7 +280,7 @@ const SQLITE_INSERT: &str = concat!(
     "value ->> 11 AS fence, value ->> 12 AS receipt FROM jsonb_each(?)) AS e WHERE ",
     holds_lease!(""),
     " AND (e.receipt IS NULL OR EXISTS (SELECT 1 FROM receipts r WHERE r.id = e.receipt)) ",
-    "ON CONFLICT (scope, operation_key, step) DO NOTHING RETURNING scope, operation_key, step"
+    "ON CONFLICT (scope, operation_key, step) DO NOTHING RETURNING json_array(scope, operation_key, step)"
 );
 
 /// The group writer's side of the table, and the streams to wake when its rows commit.
@@ -366,7 +366,7 @@ pub(crate) async fn insert_in(conn: Conn<'_>, rows: &[NewEntry]) -> Result<usize
                 &mut batch,
                 &rows.iter().map(|r| (None, r)).collect::<Vec<_>>(),
             );
-            batch.run(c).await?.rows::<(String, String, i64)>()?
+            batch.run_sqlx(c).await?.rows::<(String, String, i64)>()?
         }
     }
     .len())

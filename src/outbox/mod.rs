@@ -308,7 +308,7 @@ const READ: &str = "\
     SELECT status, message_id FROM outbox WHERE scope = $1 AND operation_key = $2 AND kind = $3";
 
 /// The claim, with the row lock Postgres takes (`$lock`): concurrent dispatchers skip each
-/// other's rows instead of waiting. SQLite has one writer and one connection.
+/// other's rows instead of waiting. SQLite writes one transaction at a time.
 macro_rules! claim {
     ($lock:literal) => {
         concat!(

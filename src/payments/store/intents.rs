@@ -6,7 +6,7 @@
 use super::super::keys::OrderId;
 use super::super::money::{Currency, Money};
 use super::budgets::{self, BudgetLeft, Reservation};
-use crate::db::{Conn, Database, StoreError, on_conn};
+use crate::db::{BeginWrite, Conn, Database, StoreError, on_conn};
 
 /// What an attempt is waiting for, or how it ended.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -177,7 +177,7 @@ impl Intents {
         let amount = intent_amount(intent)?;
         let mut pooled = self.db.acquire().await?;
         on_conn!(pooled.conn(), c => {
-            let mut tx = sqlx::Connection::begin(c).await?;
+            let mut tx = c.begin_write().await?;
             if !create(Conn::from(&mut *tx), &*intent).await? {
                 tx.rollback().await?;
                 return Ok(Ok(false));
@@ -220,7 +220,7 @@ impl Intents {
         };
         let amount = intent_amount(intent)?;
         on_conn!(conn.conn(), c => {
-            let mut tx = sqlx::Connection::begin(c).await?;
+            let mut tx = c.begin_write().await?;
             // Only the run that ends the attempt gives its amount back.
             if settle(Conn::from(&mut *tx), intent, status, payment_id, decline_code).await? {
                 budgets::release(Conn::from(&mut *tx), &intent.caller, amount, day).await?;

@@ -19,7 +19,7 @@ use chrono::{SubsecRound, Utc};
 use uuid::Uuid;
 
 use super::keys::{Charge, OrderId};
-use crate::db::{Conn, Database, GroupWriter, StoreError, on_conn};
+use crate::db::{BeginWrite, Conn, Database, GroupWriter, StoreError, on_conn};
 use crate::journal::NewEntry;
 use crate::payments::money::Money;
 use budgets::Reservation;
@@ -130,7 +130,7 @@ impl Receipts {
     ) -> Result<Result<Option<Receipt>, BudgetLeft>, StoreError> {
         let mut pooled = self.db.acquire().await?;
         on_conn!(pooled.conn(), c => {
-            let mut tx = sqlx::Connection::begin(c).await?;
+            let mut tx = c.begin_write().await?;
             let made = receipts::insert(Conn::from(&mut *tx), std::slice::from_ref(&row))
                 .await?
                 .pop();

@@ -61,7 +61,7 @@ const INSERT_JSON: &str = "\
     SELECT value ->> 0, value ->> 1, value ->> 2, value ->> 3, value ->> 4, value ->> 5, value ->> 6, value ->> 7 \
     FROM jsonb_each(?) WHERE true \
     ON CONFLICT (order_id) DO NOTHING \
-    RETURNING CAST(id AS TEXT) AS id, order_id, amount_minor, currency, operation_key, caller, created_at, provider_payment_id";
+    RETURNING json_array(CAST(id AS TEXT), order_id, amount_minor, currency, operation_key, caller, created_at, provider_payment_id)";
 
 const FIND: &str = "\
     SELECT CAST(id AS TEXT) AS id, order_id, amount_minor, currency, operation_key, caller, created_at, provider_payment_id \
@@ -127,7 +127,7 @@ pub async fn insert(conn: Conn<'_>, rows: &[ChargeRow]) -> Result<Vec<Receipt>, 
         Conn::Sqlite(c) => {
             let mut batch = Batch::default();
             push_sqlite(&mut batch, rows);
-            read_sqlite(&mut batch.run(c).await?)
+            read_sqlite(&mut batch.run_sqlx(c).await?)
         }
     }
 }
@@ -217,8 +217,9 @@ pub async fn find(conn: Conn<'_>, order: &OrderId) -> Result<Option<Receipt>, St
 }
 
 /// A row as both databases return it: the id cast to text by the statement, the time
-/// decoded from TIMESTAMPTZ or from RFC 3339 text.
-#[derive(sqlx::FromRow)]
+/// decoded from TIMESTAMPTZ or from RFC 3339 text; or, from SQLite's writer, as one JSON
+/// array of these values in this order.
+#[derive(sqlx::FromRow, serde::Deserialize)]
 struct Stored {
     id: String,
     order_id: String,

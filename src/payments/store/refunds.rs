@@ -7,10 +7,9 @@
 //! for both databases; only the id's and time's types are bound per driver.
 
 use chrono::{DateTime, SecondsFormat, SubsecRound, Utc};
-use sqlx::Connection;
 use uuid::Uuid;
 
-use crate::db::{Conn, Database, StoreError, on_conn};
+use crate::db::{BeginWrite, Conn, Database, StoreError, on_conn};
 use crate::journal::{self, NewEntry};
 use crate::payments::keys::OrderId;
 use crate::payments::money::{Currency, Money, decimal_minor};
@@ -196,7 +195,7 @@ impl Refunds {
         // The update comes first: on SQLite it takes the write lock at the transaction's
         // first statement (a read first would fail to upgrade under a concurrent writer).
         let inserted = on_conn!(pooled.conn(), c => {
-            let mut tx = c.begin().await?;
+            let mut tx = c.begin_write().await?;
             let reserved: Option<String> = sqlx::query_scalar(RESERVE)
                 .bind(made.order_id.as_str())
                 .bind(made.amount.minor())
@@ -259,7 +258,7 @@ impl Refunds {
     ) -> Result<bool, StoreError> {
         let mut pooled = self.db.acquire().await?;
         on_conn!(pooled.conn(), c => {
-            let mut tx = c.begin().await?;
+            let mut tx = c.begin_write().await?;
             let moved = sqlx::query(SETTLE)
                 .bind(&refund.operation_key)
                 .bind(&refund.caller)
