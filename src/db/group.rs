@@ -669,13 +669,19 @@ mod tests {
             let writer = writer.clone();
             tokio::spawn(async move { writer.write(row).await })
         };
-        // The writer takes the first row and waits for the connection, held here, while
-        // the next three are queued: they are the next transaction, together.
-        let held = db.acquire().await.unwrap();
+        // The writer takes the first row and waits for SQLite's write lock, held here by a
+        // transaction of the pool's connection, while the next three are queued: they are
+        // the next transaction, together.
+        let mut held = db.acquire().await.unwrap();
+        let Pooled::Sqlite(c) = &mut held else {
+            unreachable!()
+        };
+        let lock = c.begin_write().await.unwrap();
         let first = write("first");
         tokio::time::sleep(Duration::from_millis(50)).await;
         let writes: Vec<_> = ["a", "boom", "c"].into_iter().map(write).collect();
         tokio::time::sleep(Duration::from_millis(50)).await;
+        lock.commit().await.unwrap();
         drop(held);
         first.await.unwrap().unwrap();
         let mut failed = 0;
