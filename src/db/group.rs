@@ -419,28 +419,21 @@ async fn write_sqlite(
         if !go_on {
             return;
         }
-        let open = match conn.take() {
-            Some(open) => Ok(open),
-            None => file.open().map_err(StoreError::sqlite),
-        };
-        let open = match open {
-            Ok(open) => open,
-            Err(err) => {
-                for table in tables.iter_mut().filter(|t| t.taken()) {
-                    table.push(&mut Batch::default());
-                    table.finish(Err(&err));
-                }
-                continue;
-            }
-        };
         let mut written: Vec<&mut Box<dyn Lane>> =
             tables.iter_mut().filter(|t| t.taken()).collect();
-        let (mut committed, usable) = commit(&open, &mut written);
+        let batch = transaction(&mut written);
+        let mut committed = match conn.take().map_or_else(|| file.open(), Ok) {
+            Ok(open) => {
+                let (committed, usable) = commit(&open, batch);
+                if usable {
+                    conn = Some(open);
+                }
+                committed
+            }
+            Err(err) => Err(StoreError::sqlite(err)),
+        };
         for table in written {
             table.finish(committed.as_mut().map_err(|err| &*err));
-        }
-        if usable {
-            conn = Some(open);
         }
     }
 }
@@ -487,22 +480,23 @@ fn poll_rows(
     }
 }
 
-/// Writes the tables' rows in one transaction, one batch on `conn`; what its statements
-/// returned, past its `BEGIN`, and whether `conn` is fit for the next. The first failure
-/// rolls back all of them.
-fn commit(
-    conn: &rusqlite::Connection,
-    tables: &mut [&mut Box<dyn Lane>],
-) -> (Result<Returned, StoreError>, bool) {
+/// The transaction that writes what the tables took: each table's statements, taking the
+/// write lock at once (waiting within the busy timeout for a transaction of the pool's
+/// connection), so that no statement of it meets another writer.
+fn transaction(tables: &mut [&mut Box<dyn Lane>]) -> Batch {
     let mut batch = Batch::default();
-    // The write lock at once (waiting within the busy timeout for a transaction of the
-    // pool's connection), so that no statement of the batch meets another writer.
     batch.push("BEGIN IMMEDIATE");
     for table in tables.iter_mut() {
         table.push(&mut batch);
     }
     batch.push("COMMIT");
-    match batch.run(conn) {
+    batch
+}
+
+/// Runs the `transaction` on `conn`; what its statements returned, past its `BEGIN`, and
+/// whether `conn` is fit for the next. The first failure rolls back all of them.
+fn commit(conn: &rusqlite::Connection, transaction: Batch) -> (Result<Returned, StoreError>, bool) {
+    match transaction.run(conn) {
         Ok(mut returned) => {
             returned.skip();
             (Ok(returned), true)
