@@ -27,12 +27,12 @@ use sqlx::sqlite::{
 
 use crate::journal::wake::Wake;
 
-pub use batch::{Batch, Returned};
+pub use batch::{Batch, PgBatch, PgBinder, PgPart, Returned};
 pub use conn::{BeginWrite, Conn, Pooled};
 pub use error::StoreError;
 pub use group::{GroupWrite, GroupWriter};
 
-type WeakSqliteWriter = tokio::sync::mpsc::WeakUnboundedSender<Box<dyn group::Lane>>;
+type WeakWriter = tokio::sync::mpsc::WeakUnboundedSender<Box<dyn group::Lane>>;
 
 /// Runs `$body` with `$c` bound to the driver's connection, whichever it is: one text of
 /// Rust and SQL for both databases, type-checked against each.
@@ -64,9 +64,9 @@ pub struct Database {
     /// The streams of this process that follow an operation's journal, woken when its
     /// rows commit here.
     wake: Arc<Wake>,
-    /// SQLite's one writer of every table's groups (`group.rs`), started with the first
+    /// The one writer of every table's groups (`group.rs`), started with the first
     /// table's; weak, so that it ends with the tables' writers.
-    sqlite_writer: Arc<std::sync::Mutex<Option<WeakSqliteWriter>>>,
+    writer: Arc<std::sync::Mutex<Option<WeakWriter>>>,
     /// The SQLite file, for the writer's own connection.
     sqlite_file: Option<Arc<SqliteFile>>,
 }
@@ -159,7 +159,7 @@ impl Database {
                 pool: Pool::Postgres(pg),
                 _lock: None,
                 wake: Arc::default(),
-                sqlite_writer: Arc::default(),
+                writer: Arc::default(),
                 sqlite_file: None,
             })
         } else if url.starts_with("sqlite:") {
@@ -188,7 +188,7 @@ impl Database {
                 busy_timeout: pool.acquire_timeout,
             };
             // One connection for every statement but the group writer's, which has its own
-            // (`group::SqliteWriter`): SQLite writes one transaction at a time anyway.
+            // (`group::Writer`): SQLite writes one transaction at a time anyway.
             let sqlite = SqlitePoolOptions::new()
                 .max_connections(1)
                 .acquire_timeout(pool.acquire_timeout)
@@ -204,7 +204,7 @@ impl Database {
                 pool: Pool::Sqlite(sqlite),
                 _lock: Some(lock),
                 wake: Arc::default(),
-                sqlite_writer: Arc::default(),
+                writer: Arc::default(),
                 sqlite_file: Some(Arc::new(sqlite_file)),
             })
         } else {
@@ -217,20 +217,18 @@ impl Database {
         &self.wake
     }
 
-    /// SQLite's one writer of every table's groups; `None` on Postgres, where each
-    /// table's writer commits its own.
-    fn sqlite_writer(&self) -> Option<group::SqliteWriter> {
-        let file = self.sqlite_file.clone()?;
+    /// The one writer of every table's groups, started with the first table's.
+    fn writer(&self) -> group::Writer {
         let mut weak = self
-            .sqlite_writer
+            .writer
             .lock()
             .expect("not poisoned: nothing panics while it is held");
-        if let Some(running) = weak.as_ref().and_then(group::SqliteWriter::upgrade) {
-            return Some(running);
+        if let Some(running) = weak.as_ref().and_then(group::Writer::upgrade) {
+            return running;
         }
-        let started = group::SqliteWriter::start(self, file);
+        let started = group::Writer::start(self, self.sqlite_file.clone());
         *weak = Some(started.downgrade());
-        Some(started)
+        started
     }
 
     /// `postgres` or `sqlite`.

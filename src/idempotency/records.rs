@@ -6,9 +6,7 @@ use std::collections::{HashMap, HashSet};
 use std::sync::Arc;
 use std::time::Duration;
 
-use sqlx::PgConnection;
-
-use crate::db::{Batch, Conn, GroupWrite, Returned, StoreError, on_conn};
+use crate::db::{Batch, Conn, GroupWrite, PgBatch, PgPart, Returned, StoreError, on_conn};
 use crate::journal::wake::Wake;
 use crate::journal::{self, NewEntry, PgEntries};
 
@@ -118,20 +116,24 @@ const GIVE_UP: &str = "\
 /// New keys' records, a group at a time (`$1 … $6`: callers, keys, fingerprints, lease and
 /// time-to-live in ms, requests): the keys that went in, with their fence.
 ///
-/// A claim commits without waiting for its own WAL flush (`synchronous_commit` off for
-/// this statement's transaction only): nothing depends on its durability until the
+/// A claim may commit without waiting for its own WAL flush (`synchronous_commit` off for
+/// the statement's transaction, when it holds only claims: with a charge or a saved answer
+/// in it, it commits with theirs): nothing depends on its durability until the
 /// operation's next write, and every such write (the receipt, a provider's intent, a
 /// journal step, the pause, the saved answer, the release) commits synchronously, which
 /// flushes the WAL up to itself and so the claim before it. A crash before that loses a
 /// claim that no effect depended on: the request is as if it never came, and its retry
 /// claims the key afresh. A keyed checkout waits for two flushes, not three (issue 34).
-const PG_INSERT_GROUP: &str = "\
-    WITH unflushed AS (SELECT set_config('synchronous_commit', 'off', true)) \
-    INSERT INTO idempotency_keys (scope, key, fingerprint, fence, lease_until, created_at, expires_at, request) \
-    SELECT r.scope, r.key, r.fingerprint, 1, clock.now_ms + r.lease_ms, clock.now_ms, clock.now_ms + r.ttl_ms, r.request \
-    FROM UNNEST($1::text[], $2::text[], $3::text[], $4::int8[], $5::int8[], $6::text[]) \
-    AS r(scope, key, fingerprint, lease_ms, ttl_ms, request) CROSS JOIN clock CROSS JOIN unflushed \
-    ON CONFLICT (scope, key) DO NOTHING RETURNING scope, key, fence";
+const PG_INSERT_GROUP: PgPart = PgPart {
+    ctes: "claimed AS (\
+        INSERT INTO idempotency_keys (scope, key, fingerprint, fence, lease_until, created_at, expires_at, request) \
+        SELECT r.scope, r.key, r.fingerprint, 1, clock.now_ms + r.lease_ms, clock.now_ms, clock.now_ms + r.ttl_ms, r.request \
+        FROM UNNEST($1::text[], $2::text[], $3::text[], $4::int8[], $5::int8[], $6::text[]) \
+        AS r(scope, key, fingerprint, lease_ms, ttl_ms, request) CROSS JOIN clock CROSS JOIN unflushed \
+        ON CONFLICT (scope, key) DO NOTHING RETURNING scope, key, fence)",
+    rows: "json_build_array(scope, key, fence)::text FROM claimed",
+    unflushed: true,
+};
 
 /// SQLite's: the rows are one JSON array (`db::Batch::push_rows`), its `UNNEST`.
 const SQLITE_INSERT_GROUP: &str = "\
@@ -145,22 +147,26 @@ const SQLITE_INSERT_GROUP: &str = "\
 /// types, bodies), each only under the fence its run holds: the keys saved. And, in the
 /// same statement (so the same commit), the closing journal steps of those saved
 /// (`$7 … $19`, the journal's arrays).
-const PG_COMPLETE_GROUP: &str = concat!(
-    "WITH saved AS (",
-    "UPDATE idempotency_keys SET status = c.status, content_type = c.content_type, body = c.body, lease_until = NULL ",
-    "FROM UNNEST($1::text[], $2::text[], $3::int8[], $4::int8[], $5::text[], $6::bytea[]) ",
-    "AS c(scope, key, fence, status, content_type, body) ",
-    "WHERE idempotency_keys.scope = c.scope AND idempotency_keys.key = c.key ",
-    "AND idempotency_keys.fence = c.fence AND idempotency_keys.status IS NULL ",
-    "RETURNING idempotency_keys.scope, idempotency_keys.key, idempotency_keys.fence), ",
-    "journaled AS (",
-    journal::pg_insert!(
-        "$7::text[], $8::text[], $9::text[], $10::int8[], $11::text[], $12::text[], $13::text[], \
-         $14::text[], $15::text[], $16::int8[], $17::int8[], $18::int8[], $19::int8[]",
-        "(e.scope, e.operation_key, e.fence) IN (SELECT scope, key, fence FROM saved)"
+const PG_COMPLETE_GROUP: PgPart = PgPart {
+    ctes: concat!(
+        "saved AS (",
+        "UPDATE idempotency_keys SET status = c.status, content_type = c.content_type, body = c.body, lease_until = NULL ",
+        "FROM UNNEST($1::text[], $2::text[], $3::int8[], $4::int8[], $5::text[], $6::bytea[]) ",
+        "AS c(scope, key, fence, status, content_type, body) ",
+        "WHERE idempotency_keys.scope = c.scope AND idempotency_keys.key = c.key ",
+        "AND idempotency_keys.fence = c.fence AND idempotency_keys.status IS NULL ",
+        "RETURNING idempotency_keys.scope, idempotency_keys.key, idempotency_keys.fence), ",
+        "closing_steps AS (",
+        journal::pg_insert!(
+            "$7::text[], $8::text[], $9::text[], $10::int8[], $11::text[], $12::text[], $13::text[], \
+             $14::text[], $15::text[], $16::int8[], $17::int8[], $18::int8[], $19::int8[]",
+            "(e.scope, e.operation_key, e.fence) IN (SELECT scope, key, fence FROM saved)"
+        ),
+        ")"
     ),
-    ") SELECT scope, key, fence FROM saved"
-);
+    rows: "json_build_array(scope, key, fence)::text FROM saved",
+    unflushed: false,
+};
 
 /// SQLite's: the rows are one JSON array, each body in hexadecimal.
 const SQLITE_COMPLETE_GROUP: &str = "\
@@ -206,25 +212,27 @@ impl GroupWrite for Inserts {
         (&a.caller, &a.key).cmp(&(&b.caller, &b.key))
     }
 
-    async fn write(
+    fn push_pg(&self, batch: &mut PgBatch, rows: &[NewRecord]) {
+        batch.part(PG_INSERT_GROUP, |b| {
+            b.bind(rows.iter().map(|r| r.caller.as_str()).collect::<Vec<_>>())
+                .bind(rows.iter().map(|r| r.key.as_str()).collect::<Vec<_>>())
+                .bind(
+                    rows.iter()
+                        .map(|r| r.fingerprint.as_str())
+                        .collect::<Vec<_>>(),
+                )
+                .bind(rows.iter().map(|r| millis(r.lease)).collect::<Vec<_>>())
+                .bind(rows.iter().map(|r| millis(r.ttl)).collect::<Vec<_>>())
+                .bind(rows.iter().map(|r| r.request.as_str()).collect::<Vec<_>>());
+        });
+    }
+
+    fn read_pg(
         &self,
-        c: &mut PgConnection,
         rows: &[NewRecord],
+        returned: &mut Returned,
     ) -> Result<Vec<Option<i64>>, StoreError> {
-        let made = sqlx::query_as(PG_INSERT_GROUP)
-            .bind(rows.iter().map(|r| r.caller.as_str()).collect::<Vec<_>>())
-            .bind(rows.iter().map(|r| r.key.as_str()).collect::<Vec<_>>())
-            .bind(
-                rows.iter()
-                    .map(|r| r.fingerprint.as_str())
-                    .collect::<Vec<_>>(),
-            )
-            .bind(rows.iter().map(|r| millis(r.lease)).collect::<Vec<_>>())
-            .bind(rows.iter().map(|r| millis(r.ttl)).collect::<Vec<_>>())
-            .bind(rows.iter().map(|r| r.request.as_str()).collect::<Vec<_>>())
-            .fetch_all(c)
-            .await?;
-        Ok(fences(rows, made))
+        Ok(fences(rows, returned.rows()?))
     }
 
     fn push(&self, batch: &mut Batch, rows: &[NewRecord]) {
@@ -272,14 +280,10 @@ impl GroupWrite for Completions {
         (&a.lease.caller, &a.lease.key).cmp(&(&b.lease.caller, &b.lease.key))
     }
 
-    async fn write(
-        &self,
-        c: &mut PgConnection,
-        rows: &[Completion],
-    ) -> Result<Vec<bool>, StoreError> {
+    fn push_pg(&self, batch: &mut PgBatch, rows: &[Completion]) {
         let closing = PgEntries::of(rows.iter().flat_map(|r| &r.closing).map(|e| (None, e)));
-        let query = sqlx::query_as(PG_COMPLETE_GROUP)
-            .bind(
+        batch.part(PG_COMPLETE_GROUP, |b| {
+            b.bind(
                 rows.iter()
                     .map(|r| r.lease.caller.as_str())
                     .collect::<Vec<_>>(),
@@ -305,8 +309,16 @@ impl GroupWrite for Completions {
                     .map(|r| r.saved.body.as_slice())
                     .collect::<Vec<_>>(),
             );
-        let saved = closing.bind(query).fetch_all(c).await?;
-        Ok(held(rows.iter().map(|r| &r.lease), saved))
+            closing.bind(b);
+        });
+    }
+
+    fn read_pg(
+        &self,
+        rows: &[Completion],
+        returned: &mut Returned,
+    ) -> Result<Vec<bool>, StoreError> {
+        Ok(held(rows.iter().map(|r| &r.lease), returned.rows()?))
     }
 
     /// The steps first: their insert asks, as the save does, that the record be

@@ -12,10 +12,8 @@
 use std::cmp::Ordering;
 use std::time::Duration;
 
-use sqlx::PgConnection;
-
 use super::records::{Lease, held};
-use crate::db::{Batch, Conn, GroupWrite, Returned, StoreError, on_conn};
+use crate::db::{Batch, Conn, GroupWrite, PgBatch, PgPart, Returned, StoreError, on_conn};
 
 /// A lease to extend by `lease_ms` from now.
 #[derive(Debug)]
@@ -61,6 +59,18 @@ const SQLITE_RENEW_GROUP: &str = "\
     RETURNING json_array(scope, key, fence)";
 
 /// The group writer's side of lease renewals.
+/// Postgres's part: leases extended, a group at a time; the keys renewed.
+const PG_RENEW_GROUP: PgPart = PgPart {
+    ctes: "renewed AS (\
+        UPDATE idempotency_keys SET lease_until = clock.now_ms + r.lease_ms \
+        FROM UNNEST($1::text[], $2::text[], $3::int8[], $4::int8[]) AS r(scope, key, fence, lease_ms), clock \
+        WHERE idempotency_keys.scope = r.scope AND idempotency_keys.key = r.key \
+        AND idempotency_keys.fence = r.fence AND idempotency_keys.status IS NULL \
+        RETURNING idempotency_keys.scope, idempotency_keys.key, idempotency_keys.fence)",
+    rows: "json_build_array(scope, key, fence)::text FROM renewed",
+    unflushed: false,
+};
+
 pub struct Renewals;
 
 impl GroupWrite for Renewals {
@@ -74,13 +84,29 @@ impl GroupWrite for Renewals {
 
     /// Only SQLite's renewals are written in groups (`Records::renew`): on Postgres a
     /// group's UPDATE held its records until it committed, and stalled the journal's
-    /// inserts behind it. Should one come, each goes alone.
-    async fn write(&self, c: &mut PgConnection, rows: &[Renewal]) -> Result<Vec<bool>, StoreError> {
-        let mut renewed = Vec::with_capacity(rows.len());
-        for r in rows {
-            renewed.push(renew(Conn::Postgres(&mut *c), r).await?);
-        }
-        Ok(renewed)
+    /// inserts behind it, so each goes alone on the pool and none comes here. (One that
+    /// did would share its statement with the other tables' parts, and a statement that
+    /// updates one row in two of its parts applies only one of them: a renewal beside its
+    /// operation's saved answer could cost the answer.)
+    fn push_pg(&self, batch: &mut PgBatch, rows: &[Renewal]) {
+        batch.part(PG_RENEW_GROUP, |b| {
+            b.bind(
+                rows.iter()
+                    .map(|r| r.lease.caller.as_str())
+                    .collect::<Vec<_>>(),
+            )
+            .bind(
+                rows.iter()
+                    .map(|r| r.lease.key.as_str())
+                    .collect::<Vec<_>>(),
+            )
+            .bind(rows.iter().map(|r| r.lease.fence).collect::<Vec<_>>())
+            .bind(rows.iter().map(|r| r.lease_ms).collect::<Vec<_>>());
+        });
+    }
+
+    fn read_pg(&self, rows: &[Renewal], returned: &mut Returned) -> Result<Vec<bool>, StoreError> {
+        Ok(held(rows.iter().map(|r| &r.lease), returned.rows()?))
     }
 
     fn push(&self, batch: &mut Batch, rows: &[Renewal]) {

@@ -14,11 +14,10 @@ use std::cmp::Ordering;
 use std::collections::HashSet;
 use std::sync::Arc;
 
-use sqlx::PgConnection;
-use sqlx::postgres::{PgArguments, Postgres};
-use sqlx::query::QueryAs;
-
-use crate::db::{Batch, Conn, Database, GroupWrite, GroupWriter, Returned, StoreError, on_conn};
+use crate::db::{
+    Batch, Conn, Database, GroupWrite, GroupWriter, PgBatch, PgBinder, PgPart, Returned,
+    StoreError, on_conn,
+};
 
 /// Which journal, and the right to append to it.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -237,14 +236,20 @@ macro_rules! pg_insert {
     };
 }
 
-const PG_INSERT: &str = concat!(
-    pg_insert!(
-        "$1::text[], $2::text[], $3::text[], $4::int8[], $5::text[], $6::text[], $7::text[], \
-         $8::text[], $9::text[], $10::int8[], $11::int8[], $12::int8[], $13::int8[]",
-        holds_lease!(" FOR SHARE")
+/// Postgres's part: the rows appended, and each written one's (scope, operation key, step).
+const PG_INSERT: PgPart = PgPart {
+    ctes: concat!(
+        "appended AS (",
+        pg_insert!(
+            "$1::text[], $2::text[], $3::text[], $4::int8[], $5::text[], $6::text[], $7::text[], \
+             $8::text[], $9::text[], $10::int8[], $11::int8[], $12::int8[], $13::int8[]",
+            holds_lease!(" FOR SHARE")
+        ),
+        " RETURNING scope, operation_key, step)"
     ),
-    " RETURNING scope, operation_key, step"
-);
+    rows: "json_build_array(scope, operation_key, step)::text FROM appended",
+    unflushed: false,
+};
 
 /// The journal half of the receipts' group insert on Postgres (`$8 … $20`, after the seven
 /// receipt arrays): a data-modifying CTE that writes the rows of the receipts its
@@ -252,7 +257,7 @@ const PG_INSERT: &str = concat!(
 macro_rules! pg_with_charged {
     () => {
         concat!(
-            "journaled AS (",
+            "charge_steps AS (",
             $crate::journal::pg_insert!(
                 "$8::text[], $9::text[], $10::text[], $11::int8[], $12::text[], $13::text[], $14::text[], \
                  $15::text[], $16::text[], $17::int8[], $18::int8[], $19::int8[], $20::int8[]",
@@ -300,13 +305,16 @@ impl GroupWrite for Entries {
         first(a).cmp(&first(b))
     }
 
-    async fn write(
+    fn push_pg(&self, batch: &mut PgBatch, rows: &[Vec<NewEntry>]) {
+        push_postgres(batch, rows.iter().flatten().map(|r| (None, r)));
+    }
+
+    fn read_pg(
         &self,
-        conn: &mut PgConnection,
         rows: &[Vec<NewEntry>],
+        returned: &mut Returned,
     ) -> Result<Vec<bool>, StoreError> {
-        let written = insert_postgres(conn, rows.iter().flatten().map(|r| (None, r))).await?;
-        Ok(all_written(rows, written))
+        Ok(all_written(rows, returned.rows()?))
     }
 
     fn push(&self, batch: &mut Batch, rows: &[Vec<NewEntry>]) {
@@ -340,16 +348,14 @@ fn all_written(rows: &[Vec<NewEntry>], written: Vec<(String, String, i64)>) -> V
         .collect()
 }
 
-/// Inserts rows on Postgres in one statement; the (scope, operation key, step) of those
-/// written.
-async fn insert_postgres<'r>(
-    c: &mut PgConnection,
+/// Postgres's insert of `rows` as a part of `batch`: a row goes in when it holds its
+/// lease. The part returns the (scope, operation key, step) of those written.
+fn push_postgres<'r>(
+    batch: &mut PgBatch,
     rows: impl Iterator<Item = (Option<String>, &'r NewEntry)>,
-) -> Result<Vec<(String, String, i64)>, StoreError> {
-    Ok(PgEntries::of(rows)
-        .bind(sqlx::query_as(PG_INSERT))
-        .fetch_all(c)
-        .await?)
+) {
+    let entries = PgEntries::of(rows);
+    batch.part(PG_INSERT, |b| entries.bind(b));
 }
 
 /// Inserts `rows` on `conn` (a transaction that commits them with an effect of its
@@ -359,7 +365,11 @@ pub(crate) async fn insert_in(conn: Conn<'_>, rows: &[NewEntry]) -> Result<usize
         return Ok(0);
     }
     Ok(match conn {
-        Conn::Postgres(c) => insert_postgres(c, rows.iter().map(|r| (None, r))).await?,
+        Conn::Postgres(c) => {
+            let mut batch = PgBatch::default();
+            push_postgres(&mut batch, rows.iter().map(|r| (None, r)));
+            batch.run(c).await?.rows::<(String, String, i64)>()?
+        }
         Conn::Sqlite(c) => {
             let mut batch = Batch::default();
             push_sqlite(
@@ -441,12 +451,8 @@ impl PgEntries {
         arrays
     }
 
-    pub(crate) fn bind<'q, O>(
-        self,
-        query: QueryAs<'q, Postgres, O, PgArguments>,
-    ) -> QueryAs<'q, Postgres, O, PgArguments> {
-        query
-            .bind(self.receipt)
+    pub(crate) fn bind(self, b: &mut PgBinder<'_>) {
+        b.bind(self.receipt)
             .bind(self.caller)
             .bind(self.operation_key)
             .bind(self.step)
@@ -458,6 +464,6 @@ impl PgEntries {
             .bind(self.input_tokens)
             .bind(self.output_tokens)
             .bind(self.ttl_ms)
-            .bind(self.fence)
+            .bind(self.fence);
     }
 }

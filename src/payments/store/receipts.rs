@@ -10,10 +10,9 @@ use std::collections::HashMap;
 use std::sync::Arc;
 
 use chrono::{DateTime, SecondsFormat, Utc};
-use sqlx::PgConnection;
 use uuid::Uuid;
 
-use crate::db::{Batch, Conn, GroupWrite, Returned, StoreError, on_conn};
+use crate::db::{Batch, Conn, GroupWrite, PgBatch, PgPart, Returned, StoreError, on_conn};
 use crate::journal::wake::Wake;
 use crate::journal::{self, NewEntry, PgEntries};
 use crate::payments::keys::OrderId;
@@ -42,18 +41,22 @@ pub struct ChargeRow {
     pub entries: Vec<NewEntry>,
 }
 
-/// One statement for a group of any size, so that Postgres prepares it once per
-/// connection: the receipts, and (a data-modifying CTE of the same statement, so the same
-/// commit) the journal entries of those that went in.
-const INSERT_UNNEST: &str = concat!(
-    "WITH charged AS (",
-    "INSERT INTO receipts (id, order_id, amount_minor, currency, operation_key, created_at, caller, provider_payment_id) ",
-    "SELECT * FROM UNNEST($1::uuid[], $2::text[], $3::int8[], $4::text[], $5::text[], $6::timestamptz[], $7::text[], $21::text[]) ",
-    "ON CONFLICT (order_id) DO NOTHING ",
-    "RETURNING CAST(id AS TEXT) AS id, order_id, amount_minor, currency, operation_key, caller, created_at, provider_payment_id), ",
-    journal::pg_with_charged!(),
-    " SELECT * FROM charged"
-);
+/// Postgres's part, one text for a group of any size, so that Postgres prepares it once
+/// per connection: the receipts, and (a data-modifying CTE of the same statement, so the
+/// same commit) the journal entries of those that went in; the receipts made, each as one
+/// JSON array of its values.
+const INSERT_UNNEST: PgPart = PgPart {
+    ctes: concat!(
+        "charged AS (",
+        "INSERT INTO receipts (id, order_id, amount_minor, currency, operation_key, created_at, caller, provider_payment_id) ",
+        "SELECT * FROM UNNEST($1::uuid[], $2::text[], $3::int8[], $4::text[], $5::text[], $6::timestamptz[], $7::text[], $21::text[]) ",
+        "ON CONFLICT (order_id) DO NOTHING ",
+        "RETURNING CAST(id AS TEXT) AS id, order_id, amount_minor, currency, operation_key, caller, created_at, provider_payment_id), ",
+        journal::pg_with_charged!()
+    ),
+    rows: "json_build_array(id, order_id, amount_minor, currency, operation_key, caller, created_at, provider_payment_id)::text FROM charged",
+    unflushed: false,
+};
 
 /// SQLite's: the rows are one JSON array (`db::Batch::push_rows`), its `UNNEST`.
 const INSERT_JSON: &str = "\
@@ -79,15 +82,19 @@ impl GroupWrite for Charges {
         a.receipt.order_id.as_str().cmp(b.receipt.order_id.as_str())
     }
 
-    /// One round trip a group (one statement: an explicit transaction would cost two
-    /// more, and would turn "the charge committed, its answer lost" into "BEGIN's answer
-    /// lost, nothing charged").
-    async fn write(
+    /// Part of the writer's one statement (an explicit transaction would cost two more
+    /// round trips, and would turn "the charge committed, its answer lost" into "BEGIN's
+    /// answer lost, nothing charged").
+    fn push_pg(&self, batch: &mut PgBatch, rows: &[ChargeRow]) {
+        push_postgres(batch, rows);
+    }
+
+    fn read_pg(
         &self,
-        conn: &mut PgConnection,
         rows: &[ChargeRow],
+        returned: &mut Returned,
     ) -> Result<Vec<Self::Out>, StoreError> {
-        Ok(outs(rows, insert_postgres(conn, rows).await?))
+        Ok(outs(rows, read_postgres(returned)?))
     }
 
     fn push(&self, batch: &mut Batch, rows: &[ChargeRow]) {
@@ -123,7 +130,11 @@ fn outs(rows: &[ChargeRow], made: Vec<Receipt>) -> Vec<Option<Receipt>> {
 /// skipped and not among them.
 pub async fn insert(conn: Conn<'_>, rows: &[ChargeRow]) -> Result<Vec<Receipt>, StoreError> {
     match conn {
-        Conn::Postgres(c) => insert_postgres(c, rows).await,
+        Conn::Postgres(c) => {
+            let mut batch = PgBatch::default();
+            push_postgres(&mut batch, rows);
+            read_postgres(&mut batch.run(c).await?)
+        }
         Conn::Sqlite(c) => {
             let mut batch = Batch::default();
             push_sqlite(&mut batch, rows);
@@ -132,36 +143,41 @@ pub async fn insert(conn: Conn<'_>, rows: &[ChargeRow]) -> Result<Vec<Receipt>, 
     }
 }
 
-async fn insert_postgres(
-    c: &mut PgConnection,
-    rows: &[ChargeRow],
-) -> Result<Vec<Receipt>, StoreError> {
+/// Postgres's part that inserts `rows` (`INSERT_UNNEST`).
+fn push_postgres(batch: &mut PgBatch, rows: &[ChargeRow]) {
     let entries = PgEntries::of(rows.iter().flat_map(|r| {
         let receipt = r.receipt.id.to_string();
         r.entries.iter().map(move |e| (Some(receipt.clone()), e))
     }));
     let rows: Vec<&Receipt> = rows.iter().map(|r| &r.receipt).collect();
-    let query = sqlx::query_as(INSERT_UNNEST)
-        .bind(rows.iter().map(|r| r.id).collect::<Vec<_>>())
-        .bind(rows.iter().map(|r| r.order_id.as_str()).collect::<Vec<_>>())
-        .bind(rows.iter().map(|r| r.amount.minor()).collect::<Vec<_>>())
-        .bind(
+    batch.part(INSERT_UNNEST, |b| {
+        b.bind(rows.iter().map(|r| r.id).collect::<Vec<_>>())
+            .bind(rows.iter().map(|r| r.order_id.as_str()).collect::<Vec<_>>())
+            .bind(rows.iter().map(|r| r.amount.minor()).collect::<Vec<_>>())
+            .bind(
+                rows.iter()
+                    .map(|r| r.amount.currency().code())
+                    .collect::<Vec<_>>(),
+            )
+            .bind(
+                rows.iter()
+                    .map(|r| r.operation_key.as_str())
+                    .collect::<Vec<_>>(),
+            )
+            .bind(rows.iter().map(|r| r.created_at).collect::<Vec<_>>())
+            .bind(rows.iter().map(|r| r.caller.as_str()).collect::<Vec<_>>());
+        entries.bind(b);
+        b.bind(
             rows.iter()
-                .map(|r| r.amount.currency().code())
+                .map(|r| r.provider_payment_id.as_deref())
                 .collect::<Vec<_>>(),
-        )
-        .bind(
-            rows.iter()
-                .map(|r| r.operation_key.as_str())
-                .collect::<Vec<_>>(),
-        )
-        .bind(rows.iter().map(|r| r.created_at).collect::<Vec<_>>())
-        .bind(rows.iter().map(|r| r.caller.as_str()).collect::<Vec<_>>());
-    let payment_ids: Vec<Option<&str>> = rows
-        .iter()
-        .map(|r| r.provider_payment_id.as_deref())
-        .collect();
-    let stored: Vec<Stored> = entries.bind(query).bind(payment_ids).fetch_all(c).await?;
+        );
+    });
+}
+
+/// The receipts [`push_postgres`]'s part made.
+fn read_postgres(returned: &mut Returned) -> Result<Vec<Receipt>, StoreError> {
+    let stored: Vec<Stored> = returned.rows()?;
     stored.into_iter().map(Stored::into_receipt).collect()
 }
 
@@ -217,8 +233,8 @@ pub async fn find(conn: Conn<'_>, order: &OrderId) -> Result<Option<Receipt>, St
 }
 
 /// A row as both databases return it: the id cast to text by the statement, the time
-/// decoded from TIMESTAMPTZ or from RFC 3339 text; or, from SQLite's writer, as one JSON
-/// array of these values in this order.
+/// decoded from TIMESTAMPTZ or from RFC 3339 text; or, from the writer's statements (both
+/// databases), as one JSON array of these values in this order.
 #[derive(sqlx::FromRow, serde::Deserialize)]
 struct Stored {
     id: String,
