@@ -25,6 +25,7 @@
 
 use std::fmt::Write as _;
 use std::mem;
+use std::sync::Arc;
 
 use futures_util::TryStreamExt;
 use serde::de::DeserializeOwned;
@@ -156,57 +157,73 @@ impl Returned {
 /// at all.
 #[derive(Default)]
 pub struct PgBatch {
-    ctes: Vec<String>,
-    rows: Vec<&'static str>,
+    parts: Vec<PgPart>,
     args: PgArguments,
     params: usize,
     /// The first value that would not bind.
     unbound: Option<sqlx::error::BoxDynError>,
-    /// Whether a part joins `unflushed`, and whether every part may commit unflushed.
-    joins_unflushed: bool,
-    flush: bool,
 }
 
 /// One table's part of a [`PgBatch`].
+#[derive(Clone, Copy)]
 pub struct PgPart {
     /// Its CTEs, `name AS (…)` separated by commas, parameters numbered from `$1`.
-    pub ctes: &'static str,
+    ctes: &'static str,
     /// What became of its rows: `expression FROM cte`, the expression one JSON array of
     /// the row's values, as text.
-    pub rows: &'static str,
+    rows: &'static str,
     /// Its rows may commit without waiting for the WAL's flush (its text joins the CTE
     /// `unflushed`): the statement does so when all its parts may.
-    pub unflushed: bool,
+    unflushed: bool,
+    /// How many parameters `ctes` names.
+    params: usize,
+}
+
+impl PgPart {
+    pub const fn new(ctes: &'static str, rows: &'static str, unflushed: bool) -> PgPart {
+        PgPart {
+            ctes,
+            rows,
+            unflushed,
+            params: params(ctes),
+        }
+    }
 }
 
 impl PgBatch {
     /// Adds `part`, whose parameters `bind` then binds in the order of their numbers.
     pub fn part(&mut self, part: PgPart, bind: impl FnOnce(&mut PgBinder<'_>)) {
-        let (text, params) = renumbered(part.ctes, self.params);
-        self.ctes.push(text);
-        self.rows.push(part.rows);
-        self.joins_unflushed |= part.unflushed;
-        self.flush |= !part.unflushed;
         let before = self.args.len();
         bind(&mut PgBinder(self));
         debug_assert!(
-            self.unbound.is_some() || self.args.len() - before == params,
+            self.unbound.is_some() || self.args.len() - before == part.params,
             "a part binds each of its parameters: {}",
             part.ctes
         );
-        self.params += params;
+        self.params += part.params;
+        self.parts.push(part);
     }
 
     /// Runs the statement on `conn`, its one commit; what each part's rows became, part by
     /// part in the order they were added.
     pub async fn run(self, conn: &mut PgConnection) -> Result<Returned, StoreError> {
+        let text = self.text().into();
+        self.run_text(conn, text).await
+    }
+
+    /// Which parts the statement has: its text is the same for the same parts.
+    pub(super) fn key(&self) -> Vec<usize> {
+        self.parts
+            .iter()
+            .map(|p| p.ctes.as_ptr() as usize)
+            .collect()
+    }
+
+    /// The statement's text.
+    pub(super) fn text(&self) -> String {
         let mut sql = String::from("WITH ");
-        let mut unbound = self.unbound;
-        let mut args = self.args;
-        if self.joins_unflushed {
-            if let Err(err) = args.add(!self.flush) {
-                unbound.get_or_insert(err);
-            }
+        let mut params = 0;
+        if self.parts.iter().any(|p| p.unflushed) {
             let _ = write!(
                 sql,
                 "unflushed AS (SELECT set_config('synchronous_commit', CASE WHEN ${}::bool \
@@ -214,22 +231,45 @@ impl PgBatch {
                 self.params + 1
             );
         }
-        sql.push_str(&self.ctes.join(", "));
-        for (i, rows) in self.rows.iter().enumerate() {
+        for (i, part) in self.parts.iter().enumerate() {
+            let (text, named) = renumbered(part.ctes, params);
+            if i > 0 {
+                sql.push_str(", ");
+            }
+            sql.push_str(&text);
+            params += named;
+        }
+        for (i, part) in self.parts.iter().enumerate() {
             let glue = if i == 0 {
                 " SELECT "
             } else {
                 " UNION ALL SELECT "
             };
-            let _ = write!(sql, "{glue}{i}::int4, {rows}");
+            let _ = write!(sql, "{glue}{i}::int4, {}", part.rows);
+        }
+        sql
+    }
+
+    /// [`run`](Self::run) with the statement's `text` at hand.
+    pub(super) async fn run_text(
+        self,
+        conn: &mut PgConnection,
+        text: Arc<str>,
+    ) -> Result<Returned, StoreError> {
+        let mut unbound = self.unbound;
+        let mut args = self.args;
+        if self.parts.iter().any(|p| p.unflushed)
+            && let Err(err) = args.add(self.parts.iter().all(|p| p.unflushed))
+        {
+            unbound.get_or_insert(err);
         }
         if let Some(err) = unbound {
             return Err(sqlx::Error::Encode(err).into());
         }
-        let returned: Vec<(i32, String)> = sqlx::query_as_with(sqlx::AssertSqlSafe(sql), args)
+        let returned: Vec<(i32, String)> = sqlx::query_as_with(sqlx::AssertSqlSafe(text), args)
             .fetch_all(conn)
             .await?;
-        let mut parts = vec![Vec::new(); self.rows.len()];
+        let mut parts = vec![Vec::new(); self.parts.len()];
         for (part, row) in returned {
             let part = usize::try_from(part)
                 .ok()
@@ -256,6 +296,29 @@ impl PgBinder<'_> {
     }
 }
 
+/// How many parameters `text` names (its highest `$n`); a `const fn`, so that a part's
+/// count is known when it is compiled.
+const fn params(text: &str) -> usize {
+    let bytes = text.as_bytes();
+    let (mut i, mut most) = (0, 0);
+    while i < bytes.len() {
+        if bytes[i] == b'$' {
+            let mut n = 0;
+            i += 1;
+            while i < bytes.len() && bytes[i].is_ascii_digit() {
+                n = n * 10 + (bytes[i] - b'0') as usize;
+                i += 1;
+            }
+            if n > most {
+                most = n;
+            }
+        } else {
+            i += 1;
+        }
+    }
+    most
+}
+
 /// `text` with each parameter `$n` as `$(n + after)`; how many it names (its highest `n`).
 fn renumbered(text: &str, after: usize) -> (String, usize) {
     let mut out = String::with_capacity(text.len() + 32);
@@ -280,7 +343,7 @@ fn renumbered(text: &str, after: usize) -> (String, usize) {
 
 #[cfg(test)]
 mod tests {
-    use super::renumbered;
+    use super::{params, renumbered};
 
     /// A part's parameters are numbered on after the parts before it, however many digits.
     #[test]
@@ -293,5 +356,6 @@ mod tests {
             )
         );
         assert_eq!(renumbered("SELECT 1", 3), ("SELECT 1".to_owned(), 0));
+        assert_eq!(params("UNNEST($1::text[], $10::int8[]) WHERE a = $2"), 10);
     }
 }

@@ -124,16 +124,16 @@ const GIVE_UP: &str = "\
 /// flushes the WAL up to itself and so the claim before it. A crash before that loses a
 /// claim that no effect depended on: the request is as if it never came, and its retry
 /// claims the key afresh. A keyed checkout waits for two flushes, not three (issue 34).
-const PG_INSERT_GROUP: PgPart = PgPart {
-    ctes: "claimed AS (\
+const PG_INSERT_GROUP: PgPart = PgPart::new(
+    "claimed AS (\
         INSERT INTO idempotency_keys (scope, key, fingerprint, fence, lease_until, created_at, expires_at, request) \
         SELECT r.scope, r.key, r.fingerprint, 1, clock.now_ms + r.lease_ms, clock.now_ms, clock.now_ms + r.ttl_ms, r.request \
         FROM UNNEST($1::text[], $2::text[], $3::text[], $4::int8[], $5::int8[], $6::text[]) \
         AS r(scope, key, fingerprint, lease_ms, ttl_ms, request) CROSS JOIN clock CROSS JOIN unflushed \
         ON CONFLICT (scope, key) DO NOTHING RETURNING scope, key, fence)",
-    rows: "json_build_array(scope, key, fence)::text FROM claimed",
-    unflushed: true,
-};
+    "json_build_array(scope, key, fence)::text FROM claimed",
+    true,
+);
 
 /// SQLite's: the rows are one JSON array (`db::Batch::push_rows`), its `UNNEST`.
 const SQLITE_INSERT_GROUP: &str = "\
@@ -147,8 +147,8 @@ const SQLITE_INSERT_GROUP: &str = "\
 /// types, bodies), each only under the fence its run holds: the keys saved. And, in the
 /// same statement (so the same commit), the closing journal steps of those saved
 /// (`$7 … $19`, the journal's arrays).
-const PG_COMPLETE_GROUP: PgPart = PgPart {
-    ctes: concat!(
+const PG_COMPLETE_GROUP: PgPart = PgPart::new(
+    concat!(
         "saved AS (",
         "UPDATE idempotency_keys SET status = c.status, content_type = c.content_type, body = c.body, lease_until = NULL ",
         "FROM UNNEST($1::text[], $2::text[], $3::int8[], $4::int8[], $5::text[], $6::bytea[]) ",
@@ -164,9 +164,9 @@ const PG_COMPLETE_GROUP: PgPart = PgPart {
         ),
         ")"
     ),
-    rows: "json_build_array(scope, key, fence)::text FROM saved",
-    unflushed: false,
-};
+    "json_build_array(scope, key, fence)::text FROM saved",
+    false,
+);
 
 /// SQLite's: the rows are one JSON array, each body in hexadecimal.
 const SQLITE_COMPLETE_GROUP: &str = "\

@@ -60,16 +60,16 @@ const SQLITE_RENEW_GROUP: &str = "\
 
 /// The group writer's side of lease renewals.
 /// Postgres's part: leases extended, a group at a time; the keys renewed.
-const PG_RENEW_GROUP: PgPart = PgPart {
-    ctes: "renewed AS (\
+const PG_RENEW_GROUP: PgPart = PgPart::new(
+    "renewed AS (\
         UPDATE idempotency_keys SET lease_until = clock.now_ms + r.lease_ms \
         FROM UNNEST($1::text[], $2::text[], $3::int8[], $4::int8[]) AS r(scope, key, fence, lease_ms), clock \
         WHERE idempotency_keys.scope = r.scope AND idempotency_keys.key = r.key \
         AND idempotency_keys.fence = r.fence AND idempotency_keys.status IS NULL \
         RETURNING idempotency_keys.scope, idempotency_keys.key, idempotency_keys.fence)",
-    rows: "json_build_array(scope, key, fence)::text FROM renewed",
-    unflushed: false,
-};
+    "json_build_array(scope, key, fence)::text FROM renewed",
+    false,
+);
 
 pub struct Renewals;
 

@@ -237,8 +237,8 @@ macro_rules! pg_insert {
 }
 
 /// Postgres's part: the rows appended, and each written one's (scope, operation key, step).
-const PG_INSERT: PgPart = PgPart {
-    ctes: concat!(
+const PG_INSERT: PgPart = PgPart::new(
+    concat!(
         "appended AS (",
         pg_insert!(
             "$1::text[], $2::text[], $3::text[], $4::int8[], $5::text[], $6::text[], $7::text[], \
@@ -247,9 +247,9 @@ const PG_INSERT: PgPart = PgPart {
         ),
         " RETURNING scope, operation_key, step)"
     ),
-    rows: "json_build_array(scope, operation_key, step)::text FROM appended",
-    unflushed: false,
-};
+    "json_build_array(scope, operation_key, step)::text FROM appended",
+    false,
+);
 
 /// The journal half of the receipts' group insert on Postgres (`$8 … $20`, after the seven
 /// receipt arrays): a data-modifying CTE that writes the rows of the receipts its

@@ -45,8 +45,8 @@ pub struct ChargeRow {
 /// per connection: the receipts, and (a data-modifying CTE of the same statement, so the
 /// same commit) the journal entries of those that went in; the receipts made, each as one
 /// JSON array of its values.
-const INSERT_UNNEST: PgPart = PgPart {
-    ctes: concat!(
+const INSERT_UNNEST: PgPart = PgPart::new(
+    concat!(
         "charged AS (",
         "INSERT INTO receipts (id, order_id, amount_minor, currency, operation_key, created_at, caller, provider_payment_id) ",
         "SELECT * FROM UNNEST($1::uuid[], $2::text[], $3::int8[], $4::text[], $5::text[], $6::timestamptz[], $7::text[], $21::text[]) ",
@@ -54,9 +54,9 @@ const INSERT_UNNEST: PgPart = PgPart {
         "RETURNING CAST(id AS TEXT) AS id, order_id, amount_minor, currency, operation_key, caller, created_at, provider_payment_id), ",
         journal::pg_with_charged!()
     ),
-    rows: "json_build_array(id, order_id, amount_minor, currency, operation_key, caller, created_at, provider_payment_id)::text FROM charged",
-    unflushed: false,
-};
+    "json_build_array(id, order_id, amount_minor, currency, operation_key, caller, created_at, provider_payment_id)::text FROM charged",
+    false,
+);
 
 /// SQLite's: the rows are one JSON array (`db::Batch::push_rows`), its `UNNEST`.
 const INSERT_JSON: &str = "\
