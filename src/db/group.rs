@@ -316,23 +316,16 @@ impl Writer {
 
 async fn write_sqlite(
     file: Arc<SqliteFile>,
-    mut added: mpsc::UnboundedReceiver<Box<dyn Lane>>,
+    added: mpsc::UnboundedReceiver<Box<dyn Lane>>,
     closing: impl Future<Output = ()>,
 ) {
-    let mut tables: Vec<Box<dyn Lane>> = Vec::new();
-    let mut adding = true;
+    let mut lanes = Lanes::new(added);
     // The writer's own connection, opened at its first transaction, and again after one
     // that left it in a state nobody knows. Its statements stay prepared for its life.
     let mut conn: Option<rusqlite::Connection> = None;
     tokio::pin!(closing);
-    loop {
-        let go_on =
-            poll_fn(|cx| poll_rows(cx, closing.as_mut(), &mut added, &mut adding, &mut tables))
-                .await;
-        if !go_on {
-            return;
-        }
-        let (batch, groups) = transaction(&mut tables);
+    while let Some(tables) = lanes.ready(closing.as_mut()).await {
+        let (batch, groups) = transaction(tables);
         let mut committed = match conn.take().map_or_else(|| file.open(), Ok) {
             Ok(open) => {
                 let (committed, usable) = commit(&open, batch);
@@ -356,11 +349,10 @@ async fn write_sqlite(
 /// µs of CPU a checkout where one at a time spent 93-106 (issue 34).
 async fn write_postgres(
     db: Database,
-    mut added: mpsc::UnboundedReceiver<Box<dyn Lane>>,
+    added: mpsc::UnboundedReceiver<Box<dyn Lane>>,
     closing: impl Future<Output = ()>,
 ) {
-    let mut tables: Vec<Box<dyn Lane>> = Vec::new();
-    let mut adding = true;
+    let mut lanes = Lanes::new(added);
     let mut conn = PgWriterConn {
         db,
         kept: None,
@@ -368,13 +360,7 @@ async fn write_postgres(
         suspect: false,
     };
     tokio::pin!(closing);
-    loop {
-        let go_on =
-            poll_fn(|cx| poll_rows(cx, closing.as_mut(), &mut added, &mut adding, &mut tables))
-                .await;
-        if !go_on {
-            return;
-        }
+    while let Some(tables) = lanes.ready(closing.as_mut()).await {
         let mut batch = PgBatch::default();
         let groups: Vec<_> = tables
             .iter_mut()
@@ -511,6 +497,37 @@ impl PgWriterConn {
     }
 }
 
+/// The tables' lanes, as the writer waits for rows in them.
+struct Lanes {
+    added: mpsc::UnboundedReceiver<Box<dyn Lane>>,
+    adding: bool,
+    tables: Vec<Box<dyn Lane>>,
+}
+
+impl Lanes {
+    fn new(added: mpsc::UnboundedReceiver<Box<dyn Lane>>) -> Lanes {
+        Lanes {
+            added,
+            adding: true,
+            tables: Vec::new(),
+        }
+    }
+
+    /// Once some table has rows, the tables; `None` when the writer is to end.
+    async fn ready(
+        &mut self,
+        mut closing: std::pin::Pin<&mut impl Future<Output = ()>>,
+    ) -> Option<&mut [Box<dyn Lane>]> {
+        let Lanes {
+            added,
+            adding,
+            tables,
+        } = self;
+        let go_on = poll_fn(|cx| poll_rows(cx, closing.as_mut(), added, adding, tables)).await;
+        go_on.then_some(tables.as_mut_slice())
+    }
+}
+
 /// Until some table has rows (ready with true), new tables join and tables whose writers
 /// are gone leave; ready with false when the writer is to end.
 fn poll_rows(
@@ -598,7 +615,22 @@ mod tests {
     /// A table of this test's own, whose group is two statements: a row goes into `kept`
     /// and then into `checked`, which refuses `"boom"` (a fault the service's tables
     /// cannot be made to raise: every value they take comes from typed Rust).
-    struct TwoStatements;
+    /// On Postgres its part is the one it is made with: [`TWO_STATEMENTS`] writes as the
+    /// SQLite statements do; [`OTHER`] writes a row into `other`.
+    struct TwoStatements(PgPart);
+
+    const TWO_STATEMENTS: PgPart = PgPart::new(
+        "kept_rows AS (INSERT INTO kept (v) SELECT * FROM UNNEST($1::text[]) RETURNING v), \
+         checked_rows AS (INSERT INTO checked (v) SELECT * FROM UNNEST($1::text[]))",
+        "json_build_array(v)::text FROM kept_rows",
+        false,
+    );
+
+    const OTHER: PgPart = PgPart::new(
+        "other_rows AS (INSERT INTO other (v) SELECT * FROM UNNEST($1::text[]) RETURNING v)",
+        "json_build_array(v)::text FROM other_rows",
+        false,
+    );
 
     impl GroupWrite for TwoStatements {
         type Row = &'static str;
@@ -609,13 +641,7 @@ mod tests {
         }
 
         fn push_pg(&self, batch: &mut PgBatch, rows: &[Self::Row]) {
-            const PART: PgPart = PgPart::new(
-                "kept_rows AS (INSERT INTO kept (v) SELECT * FROM UNNEST($1::text[]) RETURNING v), \
-                       checked_rows AS (INSERT INTO checked (v) SELECT * FROM UNNEST($1::text[]))",
-                "json_build_array(v)::text FROM kept_rows",
-                false,
-            );
-            batch.part(PART, |b| {
+            batch.part(self.0, |b| {
                 b.bind(rows.to_vec());
             });
         }
@@ -659,7 +685,7 @@ mod tests {
              CREATE TABLE counted (n INTEGER NOT NULL);",
         )
         .await;
-        let writer = GroupWriter::start(&db, TwoStatements);
+        let writer = GroupWriter::start(&db, TwoStatements(TWO_STATEMENTS));
         let writers: Vec<_> = (0..8)
             .map(|_| {
                 let writer = writer.clone();
@@ -731,8 +757,11 @@ mod tests {
     }
 
     async fn count(db: &Database, table: &str) -> i64 {
+        scalar(db, format!("SELECT count(*) FROM {table}")).await
+    }
+
+    async fn scalar(db: &Database, sql: String) -> i64 {
         let mut conn = db.acquire().await.unwrap();
-        let sql = format!("SELECT count(*) FROM {table}");
         on_conn!(conn.conn(), c => sqlx::query_scalar(sqlx::AssertSqlSafe(sql)).fetch_one(c).await.unwrap())
     }
 
@@ -746,7 +775,7 @@ mod tests {
              CREATE TABLE checked (v TEXT NOT NULL CHECK (v <> 'boom'));",
         )
         .await;
-        let writer = GroupWriter::start(&db, TwoStatements);
+        let writer = GroupWriter::start(&db, TwoStatements(TWO_STATEMENTS));
         let write = |row: &'static str| {
             let writer = writer.clone();
             tokio::spawn(async move { writer.write(row).await })
@@ -786,46 +815,6 @@ mod tests {
         assert_eq!(count(&db, "checked").await, 2);
     }
 
-    /// Another table of the tests' own, for Postgres: a row goes into `other`.
-    struct Other;
-
-    impl GroupWrite for Other {
-        type Row = &'static str;
-        type Out = ();
-
-        fn order(a: &Self::Row, b: &Self::Row) -> Ordering {
-            a.cmp(b)
-        }
-
-        fn push_pg(&self, batch: &mut PgBatch, rows: &[Self::Row]) {
-            const PART: PgPart = PgPart::new(
-                "other_rows AS (INSERT INTO other (v) SELECT * FROM UNNEST($1::text[]) RETURNING v)",
-                "json_build_array(v)::text FROM other_rows",
-                false,
-            );
-            batch.part(PART, |b| {
-                b.bind(rows.to_vec());
-            });
-        }
-
-        fn read_pg(
-            &self,
-            rows: &[Self::Row],
-            returned: &mut Returned,
-        ) -> Result<Vec<()>, StoreError> {
-            assert_eq!(returned.rows::<(String,)>()?.len(), rows.len());
-            Ok(vec![(); rows.len()])
-        }
-
-        fn push(&self, _: &mut Batch, _: &[Self::Row]) {
-            unreachable!("a Postgres test")
-        }
-
-        fn read(&self, _: &[Self::Row], _: &mut Returned) -> Result<Vec<()>, StoreError> {
-            unreachable!("a Postgres test")
-        }
-    }
-
     /// A Postgres schema of its own (in `TEST_DATABASE_URL`'s database, as the spec's
     /// tests make theirs), with the tables `schema` makes; the service's pool on it.
     async fn postgres_with(schema: &'static str) -> Database {
@@ -849,11 +838,68 @@ mod tests {
         Database::open(&url, &pool).await.unwrap()
     }
 
+    /// A Postgres schema with `kept`, `checked` (which refuses `"boom"`) and `other`, and
+    /// the writers of [`TWO_STATEMENTS`] and of [`OTHER`].
+    async fn two_tables() -> (
+        Database,
+        GroupWriter<TwoStatements>,
+        GroupWriter<TwoStatements>,
+    ) {
+        let db = postgres_with(
+            "CREATE TABLE kept (v TEXT NOT NULL); \
+             CREATE TABLE checked (v TEXT NOT NULL CHECK (v <> 'boom')); \
+             CREATE TABLE other (v TEXT NOT NULL);",
+        )
+        .await;
+        let two = GroupWriter::start(&db, TwoStatements(TWO_STATEMENTS));
+        let other = GroupWriter::start(&db, TwoStatements(OTHER));
+        (db, two, other)
+    }
+
+    /// Writes `row` in a task of its own.
+    fn spawn_write<W: GroupWrite<Row = &'static str, Out = ()>>(
+        writer: &GroupWriter<W>,
+        row: &'static str,
+    ) -> tokio::task::JoinHandle<Result<(), StoreError>> {
+        let writer = writer.clone();
+        tokio::spawn(async move { writer.write(row).await })
+    }
+
+    /// A transaction of the pool's connection locks `kept`, and the writer's statement of
+    /// a first row waits for it: what is queued meanwhile is the next statement, together.
+    /// The connection, for [`release`]; the first row's write.
+    async fn first_waits(
+        db: &Database,
+        two: &GroupWriter<TwoStatements>,
+    ) -> (Pooled, tokio::task::JoinHandle<Result<(), StoreError>>) {
+        let mut held = db.acquire().await.unwrap();
+        let Pooled::Postgres(c) = &mut held else {
+            unreachable!()
+        };
+        sqlx::raw_sql("BEGIN; LOCK TABLE kept IN EXCLUSIVE MODE")
+            .execute(&mut **c)
+            .await
+            .unwrap();
+        let first = spawn_write(two, "first");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+        (held, first)
+    }
+
+    /// Ends [`first_waits`]'s transaction.
+    async fn release(mut held: Pooled) {
+        let Pooled::Postgres(c) = &mut held else {
+            unreachable!()
+        };
+        sqlx::raw_sql("COMMIT").execute(&mut **c).await.unwrap();
+    }
+
     /// The transactions that wrote the rows of `tables`, told apart by their `xmin`.
     async fn transactions(db: &Database, tables: &str) -> i64 {
-        let mut conn = db.acquire().await.unwrap();
-        let sql = format!("SELECT count(DISTINCT xmin::text) FROM ({tables}) AS t");
-        on_conn!(conn.conn(), c => sqlx::query_scalar(sqlx::AssertSqlSafe(sql)).fetch_one(c).await.unwrap())
+        scalar(
+            db,
+            format!("SELECT count(DISTINCT xmin::text) FROM ({tables}) AS t"),
+        )
+        .await
     }
 
     /// Postgres's writer writes the groups of every table that are ready at one moment in
@@ -861,40 +907,17 @@ mod tests {
     /// for a lock held elsewhere are written by one transaction.
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn the_groups_of_every_table_ready_together_are_one_postgres_statement() {
-        let db = postgres_with(
-            "CREATE TABLE kept (v TEXT NOT NULL); CREATE TABLE checked (v TEXT NOT NULL); \
-             CREATE TABLE other (v TEXT NOT NULL);",
-        )
-        .await;
-        let (two, other) = (
-            GroupWriter::start(&db, TwoStatements),
-            GroupWriter::start(&db, Other),
-        );
-        // The writer's first statement waits for `kept`, locked by a transaction of the
-        // pool's, while rows of both tables queue behind it.
-        let mut held = db.acquire().await.unwrap();
-        let Pooled::Postgres(c) = &mut held else {
-            unreachable!()
-        };
-        let mut lock = sqlx::Connection::begin(&mut **c).await.unwrap();
-        sqlx::query("LOCK TABLE kept IN EXCLUSIVE MODE")
-            .execute(&mut *lock)
-            .await
-            .unwrap();
-        let first = tokio::spawn({
-            let two = two.clone();
-            async move { two.write("first").await }
-        });
-        tokio::time::sleep(Duration::from_millis(100)).await;
+        let (db, two, other) = two_tables().await;
+        // The writer's first statement waits for `kept`, while rows of both tables queue
+        // behind it.
+        let (held, first) = first_waits(&db, &two).await;
         let mut writes = Vec::new();
         for row in ["a", "b", "c"] {
-            let (two, other) = (two.clone(), other.clone());
-            writes.push(tokio::spawn(async move { two.write(row).await }));
-            writes.push(tokio::spawn(async move { other.write(row).await }));
+            writes.push(spawn_write(&two, row));
+            writes.push(spawn_write(&other, row));
         }
         tokio::time::sleep(Duration::from_millis(100)).await;
-        lock.commit().await.unwrap();
-        drop(held);
+        release(held).await;
         first.await.unwrap().unwrap();
         for write in writes {
             write.await.unwrap().unwrap();
@@ -918,41 +941,12 @@ mod tests {
     /// written, every caller hears of it, and the next statement commits.
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn a_failed_postgres_statement_writes_no_table_and_the_writer_goes_on() {
-        let db = postgres_with(
-            "CREATE TABLE kept (v TEXT NOT NULL); \
-             CREATE TABLE checked (v TEXT NOT NULL CHECK (v <> 'boom')); \
-             CREATE TABLE other (v TEXT NOT NULL);",
-        )
-        .await;
-        let (two, other) = (
-            GroupWriter::start(&db, TwoStatements),
-            GroupWriter::start(&db, Other),
-        );
-        let mut held = db.acquire().await.unwrap();
-        let Pooled::Postgres(c) = &mut held else {
-            unreachable!()
-        };
-        let mut lock = sqlx::Connection::begin(&mut **c).await.unwrap();
-        sqlx::query("LOCK TABLE kept IN EXCLUSIVE MODE")
-            .execute(&mut *lock)
-            .await
-            .unwrap();
-        let first = tokio::spawn({
-            let two = two.clone();
-            async move { two.write("first").await }
-        });
+        let (db, two, other) = two_tables().await;
+        let (held, first) = first_waits(&db, &two).await;
+        let failing = spawn_write(&two, "boom");
+        let beside = spawn_write(&other, "beside");
         tokio::time::sleep(Duration::from_millis(100)).await;
-        let failing = tokio::spawn({
-            let two = two.clone();
-            async move { two.write("boom").await }
-        });
-        let beside = tokio::spawn({
-            let other = other.clone();
-            async move { other.write("beside").await }
-        });
-        tokio::time::sleep(Duration::from_millis(100)).await;
-        lock.commit().await.unwrap();
-        drop(held);
+        release(held).await;
         first.await.unwrap().unwrap();
         assert!(
             failing.await.unwrap().is_err(),

@@ -6,7 +6,9 @@ use std::collections::{HashMap, HashSet};
 use std::sync::Arc;
 use std::time::Duration;
 
-use crate::db::{Batch, Conn, GroupWrite, PgBatch, PgPart, Returned, StoreError, on_conn};
+use crate::db::{
+    Batch, Conn, GroupWrite, PgBatch, PgBinder, PgPart, Returned, StoreError, on_conn,
+};
 use crate::journal::wake::Wake;
 use crate::journal::{self, NewEntry, PgEntries};
 
@@ -283,18 +285,8 @@ impl GroupWrite for Completions {
     fn push_pg(&self, batch: &mut PgBatch, rows: &[Completion]) {
         let closing = PgEntries::of(rows.iter().flat_map(|r| &r.closing).map(|e| (None, e)));
         batch.part(PG_COMPLETE_GROUP, |b| {
+            bind_leases(b, rows.iter().map(|r| &r.lease));
             b.bind(
-                rows.iter()
-                    .map(|r| r.lease.caller.as_str())
-                    .collect::<Vec<_>>(),
-            )
-            .bind(
-                rows.iter()
-                    .map(|r| r.lease.key.as_str())
-                    .collect::<Vec<_>>(),
-            )
-            .bind(rows.iter().map(|r| r.lease.fence).collect::<Vec<_>>())
-            .bind(
                 rows.iter()
                     .map(|r| i64::from(r.saved.status))
                     .collect::<Vec<_>>(),
@@ -357,6 +349,21 @@ impl GroupWrite for Completions {
     fn committed(&self, rows: &[Completion]) {
         self.0.committed(rows.iter().flat_map(|r| &r.closing));
     }
+}
+
+/// Binds the callers, keys and fences of `leases`, three arrays of a Postgres part.
+pub(super) fn bind_leases<'l>(
+    b: &mut PgBinder<'_>,
+    leases: impl Iterator<Item = &'l Lease> + Clone,
+) {
+    b.bind(
+        leases
+            .clone()
+            .map(|l| l.caller.as_str())
+            .collect::<Vec<_>>(),
+    )
+    .bind(leases.clone().map(|l| l.key.as_str()).collect::<Vec<_>>())
+    .bind(leases.map(|l| l.fence).collect::<Vec<_>>());
 }
 
 /// Whether each of `leases` is among the (caller, key, fence) a group's statement

@@ -12,7 +12,7 @@
 use std::cmp::Ordering;
 use std::time::Duration;
 
-use super::records::{Lease, held};
+use super::records::{Lease, bind_leases, held};
 use crate::db::{Batch, Conn, GroupWrite, PgBatch, PgPart, Returned, StoreError, on_conn};
 
 /// A lease to extend by `lease_ms` from now.
@@ -90,18 +90,8 @@ impl GroupWrite for Renewals {
     /// operation's saved answer could cost the answer.)
     fn push_pg(&self, batch: &mut PgBatch, rows: &[Renewal]) {
         batch.part(PG_RENEW_GROUP, |b| {
-            b.bind(
-                rows.iter()
-                    .map(|r| r.lease.caller.as_str())
-                    .collect::<Vec<_>>(),
-            )
-            .bind(
-                rows.iter()
-                    .map(|r| r.lease.key.as_str())
-                    .collect::<Vec<_>>(),
-            )
-            .bind(rows.iter().map(|r| r.lease.fence).collect::<Vec<_>>())
-            .bind(rows.iter().map(|r| r.lease_ms).collect::<Vec<_>>());
+            bind_leases(b, rows.iter().map(|r| &r.lease));
+            b.bind(rows.iter().map(|r| r.lease_ms).collect::<Vec<_>>());
         });
     }
 
