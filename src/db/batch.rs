@@ -232,12 +232,11 @@ impl PgBatch {
             );
         }
         for (i, part) in self.parts.iter().enumerate() {
-            let (text, named) = renumbered(part.ctes, params);
             if i > 0 {
                 sql.push_str(", ");
             }
-            sql.push_str(&text);
-            params += named;
+            sql.push_str(&renumbered(part.ctes, params));
+            params += part.params;
         }
         for (i, part) in self.parts.iter().enumerate() {
             let glue = if i == 0 {
@@ -319,10 +318,9 @@ const fn params(text: &str) -> usize {
     most
 }
 
-/// `text` with each parameter `$n` as `$(n + after)`; how many it names (its highest `n`).
-fn renumbered(text: &str, after: usize) -> (String, usize) {
+/// `text` with each parameter `$n` as `$(n + after)`.
+fn renumbered(text: &str, after: usize) -> String {
     let mut out = String::with_capacity(text.len() + 32);
-    let mut most = 0;
     let mut rest = text;
     while let Some(at) = rest.find('$') {
         out.push_str(&rest[..at]);
@@ -333,12 +331,11 @@ fn renumbered(text: &str, after: usize) -> (String, usize) {
         let n: usize = rest[at + 1..at + 1 + digits]
             .parse()
             .expect("a parameter is `$` and its number");
-        most = most.max(n);
         let _ = write!(out, "${}", n + after);
         rest = &rest[at + 1 + digits..];
     }
     out.push_str(rest);
-    (out, most)
+    out
 }
 
 #[cfg(test)]
@@ -350,12 +347,10 @@ mod tests {
     fn a_parts_parameters_are_numbered_on_after_those_before_it() {
         assert_eq!(
             renumbered("UNNEST($1::text[], $10::int8[]) WHERE a = $2 OR b = $1", 9),
-            (
-                "UNNEST($10::text[], $19::int8[]) WHERE a = $11 OR b = $10".to_owned(),
-                10
-            )
+            "UNNEST($10::text[], $19::int8[]) WHERE a = $11 OR b = $10"
         );
-        assert_eq!(renumbered("SELECT 1", 3), ("SELECT 1".to_owned(), 0));
+        assert_eq!(renumbered("SELECT 1", 3), "SELECT 1");
+        assert_eq!(params("SELECT 1"), 0);
         assert_eq!(params("UNNEST($1::text[], $10::int8[]) WHERE a = $2"), 10);
     }
 }

@@ -182,8 +182,8 @@ pub(super) trait Pushed: Send {
     /// Ready once every caller of the group has gone.
     fn poll_gone(&mut self, cx: &mut Context<'_>) -> Poll<()>;
     /// Answers each caller once the commit ended: from what the group's statements
-    /// returned (read as `postgres`'s or SQLite's), or of the failure.
-    fn finish(self: Box<Self>, committed: Result<&mut Returned, &StoreError>, postgres: bool);
+    /// returned, or of the failure.
+    fn finish(self: Box<Self>, committed: Result<&mut Returned, &StoreError>);
 }
 
 struct Table<W: GroupWrite> {
@@ -197,6 +197,8 @@ struct Group<W: GroupWrite> {
     table: Arc<W>,
     rows: Vec<W::Row>,
     answering: Vec<Answer<W::Out>>,
+    /// Pushed to Postgres's statement (read with `read_pg`), else to SQLite's transaction.
+    postgres: bool,
 }
 
 impl<W: GroupWrite> Table<W> {
@@ -209,13 +211,14 @@ impl<W: GroupWrite> Table<W> {
     }
 
     /// What was taken, as a group in the table's order.
-    fn group(&mut self) -> Group<W> {
+    fn group(&mut self, postgres: bool) -> Group<W> {
         self.taken.sort_by(|a, b| W::order(&a.row, &b.row));
         let (rows, answering) = self.taken.drain(..).map(|p| (p.row, p.done)).unzip();
         Group {
             table: self.table.clone(),
             rows,
             answering,
+            postgres,
         }
     }
 }
@@ -233,13 +236,13 @@ impl<W: GroupWrite> Lane for Table<W> {
     }
 
     fn push(&mut self, batch: &mut Batch) -> Box<dyn Pushed> {
-        let group = self.group();
+        let group = self.group(false);
         group.table.push(batch, &group.rows);
         Box::new(group)
     }
 
     fn push_pg(&mut self, batch: &mut PgBatch) -> Box<dyn Pushed> {
-        let group = self.group();
+        let group = self.group(true);
         group.table.push_pg(batch, &group.rows);
         Box::new(group)
     }
@@ -255,12 +258,12 @@ impl<W: GroupWrite> Pushed for Group<W> {
         Poll::Ready(())
     }
 
-    fn finish(self: Box<Self>, committed: Result<&mut Returned, &StoreError>, postgres: bool) {
+    fn finish(self: Box<Self>, committed: Result<&mut Returned, &StoreError>) {
         let written = match committed {
             Ok(returned) => {
                 self.table.committed(&self.rows);
                 // Committed; should a row's outcome not be readable, its caller hears so.
-                match postgres {
+                match self.postgres {
                     true => self.table.read_pg(&self.rows, returned),
                     false => self.table.read(&self.rows, returned),
                 }
@@ -337,7 +340,7 @@ async fn write_sqlite(
             Err(err) => Err(StoreError::sqlite(err)),
         };
         for group in groups {
-            group.finish(committed.as_mut().map_err(|err| &*err), false);
+            group.finish(committed.as_mut().map_err(|err| &*err));
         }
     }
 }
@@ -398,22 +401,22 @@ async fn write_statement(
     };
     if let Some(mut committed) = committed {
         for group in groups {
-            group.finish(committed.as_mut().map_err(|err| &*err), true);
+            group.finish(committed.as_mut().map_err(|err| &*err));
         }
     }
 }
 
 /// A group's statement finds its rows by key: each row of the group one probe of the
-/// table's primary key. Postgres plans a prepared statement once per
-/// connection and keeps that plan until the table is next analyzed; planned while the
-/// table was small (a new database, the first seconds under load), the plan scanned the
-/// whole table for every row of the group, and kept doing so as the table grew: a saved
-/// answer's group took 30-60 ms at 20,000 records (issue 34; autovacuum, which analyzes,
-/// may be off or behind). With sequential scans off on the connection the writer keeps,
-/// the kept plan probes by key whatever the table's size was when it was made (a pool of
-/// one connection, which the writer does not keep, goes without). Planning every
-/// execution afresh (`plan_cache_mode = force_custom_plan`) also mends it, at 60-100 µs
-/// of Postgres's CPU a keyed checkout.
+/// table's primary key. Postgres plans a prepared statement once per connection and keeps
+/// that plan until the table is next analyzed; planned while the table was small (a new
+/// database, the first seconds under load), the plan scanned the whole table for every
+/// row of the group, and kept doing so as the table grew: a saved answer's group took
+/// 30-60 ms at 20,000 records (issue 34; autovacuum, which analyzes, may be off or
+/// behind). With sequential scans off on the connection the writer keeps, the kept plan
+/// probes by key whatever the table's size was when it was made (a pool of one
+/// connection, which the writer does not keep, goes without). Planning every execution
+/// afresh (`plan_cache_mode = force_custom_plan`) also mends it, at 60-100 µs of
+/// Postgres's CPU a keyed checkout.
 const BY_KEY: &str = "SET enable_seqscan = off";
 
 /// The connection of Postgres's writer, which it keeps when the pool has others to spare.
@@ -477,7 +480,7 @@ impl PgWriterConn {
         Ok(conn)
     }
 
-    /// Whether the writer keeps its connections between statements: when the pool has
+    /// Whether the writer keeps its connection between statements: when the pool has
     /// others to spare.
     fn keeps(&self) -> bool {
         self.db.max_connections() > 1
