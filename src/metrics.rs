@@ -45,7 +45,7 @@ struct Def {
 
 const CHECKOUTS: Def = Def {
     name: "checkout_checkouts_total",
-    help: "Checkouts answered, by outcome: code=\"ok\" for a confirmed charge (made now or found), else the problem code; invalid_request counts orders refused by validation (a body or header the request parsers refuse is not counted). A replayed Idempotency-Key answer is not counted here.",
+    help: "Checkouts answered (POST /checkout, and their resumes), by outcome: code=\"ok\" for a confirmed charge (made now or found), else the problem code; invalid_request counts orders refused by validation (a body or header the request parsers refuse is not counted). A replayed Idempotency-Key answer is not counted here.",
     buckets: None,
 };
 const CHARGES: Def = Def {
@@ -144,6 +144,7 @@ const CATALOGUE: &[&Def] = &[
     &approvals::DECIDED,
     &refunds::REFUNDS,
     &refunds::REFUNDED,
+    &refunds::REFUND_OPERATIONS,
     &approvals::ASKED,
     &REFUSALS,
     &breaker::TRANSITIONS,
@@ -531,9 +532,8 @@ mod tests {
         metrics.breaker_transition("m", "closed", "open");
         metrics.breaker_refused("m");
         metrics.fallback_turn("m");
-        metrics.refunded(
-            crate::payments::Money::parse("1.00", crate::payments::Currency::USD).unwrap(),
-        );
+        metrics.refunded("USD", 100);
+        metrics.refund_answered("ok");
         let text = metrics.render();
         for def in CATALOGUE {
             assert!(

@@ -23,7 +23,7 @@ use serde::{Deserialize, Serialize};
 use checkout::assistant::{ToolBox, prompts};
 use checkout::db::{Conn, Database, PoolSettings};
 use checkout::model::wire::{ChatRequest, ChatResponse, Message};
-use checkout::payments::{Currency, Money, Order, OrderId};
+use checkout::payments::{Currency, Effect, Money, Order, OrderId};
 
 use crate::args::Args;
 use crate::procfs;
@@ -151,7 +151,7 @@ async fn chat_bodies(client: &reqwest::Client, url: &str) -> Result<(Bytes, Byte
     );
     let mut chat = ChatRequest {
         model: "gpt-4o-mini".into(),
-        messages: prompts::opening(&order, false),
+        messages: prompts::opening(Effect::Charge, &order, false),
         tools: ToolBox::offered(false),
         max_tokens: Some(checkout::assistant::MAX_TOKENS),
         stream: false,

@@ -20,7 +20,7 @@ use uuid::Uuid;
 use crate::db::{BeginWrite, Conn, Database, StoreError, on_conn};
 use crate::idempotency::{Lease, PAUSE, REOPEN, SETTLE_PAUSED, Saved};
 use crate::journal;
-use crate::payments::{Currency, Money, Order};
+use crate::payments::{Currency, Effect, Money, Order};
 
 /// Where an approval stands.
 #[derive(
@@ -67,8 +67,8 @@ impl fmt::Display for Status {
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Approval {
     pub id: Uuid,
-    /// `charge` or `refund`: what the operation waits to do.
-    pub kind: String,
+    /// What the operation waits to do.
+    pub kind: Effect,
     pub caller: String,
     pub operation_key: String,
     pub order_id: String,
@@ -170,7 +170,7 @@ impl Approvals {
         &self,
         lease: &Lease,
         order: &Order,
-        kind: &str,
+        kind: Effect,
         keep: Duration,
         answer: impl FnOnce(&Approval) -> Saved,
     ) -> Result<Paused, StoreError> {
@@ -188,7 +188,7 @@ impl Approvals {
                 .bind(amount.minor())
                 .bind(amount.currency().code())
                 .bind(millis(self.ttl))
-                .bind(kind)
+                .bind(kind.as_str())
                 .execute(&mut *tx)
                 .await?;
             let row: Row = sqlx::query_as(OF_OPERATION)
@@ -462,7 +462,8 @@ impl Row {
             order_id: self.order_id,
             reason: self.reason,
             decided_by: self.decided_by,
-            kind: self.kind,
+            kind: Effect::parse(&self.kind)
+                .ok_or_else(|| corrupt(format!("kind {:?}", self.kind)))?,
         })
     }
 }

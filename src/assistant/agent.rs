@@ -10,7 +10,7 @@ use std::task::{Context, Poll};
 use tower::{BoxError, Service};
 use tracing::Instrument;
 
-use super::context::{CheckoutContext, LoopRequest, Usage};
+use super::context::{LoopRequest, OperationContext, Usage};
 use super::error::{CheckoutError, FailureKind, ToolFailure};
 use super::memory::{self, Memory};
 use super::prompts;
@@ -132,7 +132,7 @@ impl Service<LoopRequest> for AgentLoop {
 
 impl CheckoutOutcome {
     /// The confirmation the service writes from the receipt.
-    pub fn written_by_service(ctx: &CheckoutContext, receipt: Receipt, attempts: u32) -> Self {
+    pub fn written_by_service(ctx: &OperationContext, receipt: Receipt, attempts: u32) -> Self {
         let message = match ctx.refund_made() {
             Some((refund, _)) => format!(
                 "Order {}: {} refunded, refund {}.",
@@ -158,7 +158,7 @@ impl CheckoutOutcome {
 impl Inner {
     async fn run(
         &self,
-        ctx: &CheckoutContext,
+        ctx: &OperationContext,
         attempt: u32,
     ) -> Result<CheckoutOutcome, FailureKind> {
         let limits = self.limits;
@@ -166,16 +166,8 @@ impl Inner {
         // request retry repeats it from here); a turn's answer is added once it is over.
         let mut chat = Arc::new(ChatRequest {
             model: self.model.primary().model().to_owned(),
-            messages: if ctx.is_refund() {
-                prompts::refund_opening(ctx.order(), ctx.email().is_some())
-            } else {
-                prompts::opening(ctx.order(), ctx.email().is_some())
-            },
-            tools: if ctx.is_refund() {
-                ToolBox::offered_refund(ctx.email().is_some())
-            } else {
-                ToolBox::offered(ctx.email().is_some())
-            },
+            messages: prompts::opening(ctx.effect(), ctx.order(), ctx.email().is_some()),
+            tools: ToolBox::offered_for(ctx.effect(), ctx.email().is_some()),
             max_tokens: Some(limits.max_tokens),
             stream: false,
             stream_options: None,
@@ -251,11 +243,7 @@ impl Inner {
                         || ctx.over_budget().is_some()
                         || ctx.refused_refund().is_some()
                     {
-                        return Err(if ctx.is_refund() {
-                            FailureKind::ModelDidNotRefund
-                        } else {
-                            FailureKind::ModelDidNotCharge
-                        });
+                        return Err(FailureKind::did_not(ctx.effect()));
                     }
                     nudges += 1;
                     tracing::info!(
@@ -269,11 +257,9 @@ impl Inner {
                         content: reply.content,
                         tool_calls: Vec::new(),
                     });
-                    Arc::make_mut(&mut chat).messages.push(if ctx.is_refund() {
-                        prompts::refund_nudge(ctx.order())
-                    } else {
-                        prompts::nudge(ctx.order())
-                    });
+                    Arc::make_mut(&mut chat)
+                        .messages
+                        .push(prompts::nudge(ctx.effect(), ctx.order()));
                     continue;
                 };
                 // The closing answer ends the operation: a journaled one commits with the

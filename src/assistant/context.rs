@@ -1,5 +1,6 @@
-//! [`CheckoutContext`]: one checkout's order and keys, made by the handler before
-//! anything is retried, and what its attempts learn (charge, usage, steps kept).
+//! [`OperationContext`]: one operation's order, its [`Effect`] (charge or refund) and its
+//! keys, made by the handler before anything is retried, and what its attempts learn
+//! (charge, refund, usage, steps kept).
 use std::fmt;
 use std::sync::atomic::{AtomicU32, Ordering};
 use std::sync::{Arc, Mutex};
@@ -9,16 +10,17 @@ use crate::model::Completion;
 use crate::outbox::Recipient;
 use crate::payments::store::{BudgetLeft, NewRefund, Refund, RefundStatus, Refunded};
 use crate::payments::{
-    Charge, ChargeKey, Money, OperationKey, Order, OrderId, PaymentGateway, Receipt,
+    Charge, ChargeKey, Effect, Money, OperationKey, Order, OrderId, PaymentGateway, Receipt,
 };
 
-/// Everything one checkout carries through every retried unit: the order the client
-/// authorized and the keys the handler made for it before anything was retried.
+/// Everything one operation carries through every retried unit: the order the client
+/// authorized, what to do to it (its [`Effect`]) and the keys the handler made for it
+/// before anything was retried.
 ///
 /// Cloning is cheap and every clone is the same checkout: the tower retry layers clone it
 /// for each attempt, so attempt three charges with the very keys attempt one had.
 #[derive(Clone, Debug)]
-pub struct CheckoutContext(Arc<Inner>);
+pub struct OperationContext(Arc<Inner>);
 
 #[derive(Debug)]
 struct Inner {
@@ -47,14 +49,11 @@ struct Inner {
     /// The caller's budget for the day in the order's currency (`None`: no budget),
     /// resolved by the handler from its API key and the settings.
     budget: Option<Money>,
-    /// A refund, not a charge: the order's id and the amount to give back are `order`'s,
-    /// authorized by the handler against the receipt; the refund key is the operation key.
-    refund: Option<RefundAsked>,
-}
-
-/// What a refund operation carries besides its order and amount.
-#[derive(Debug)]
-struct RefundAsked {
+    /// Charge the order, or refund it: for a refund the order's id and the amount to give
+    /// back are `order`'s, authorized by the handler against the receipt, and the refund
+    /// key is the operation key.
+    effect: Effect,
+    /// A refund's reason, for the records (the model never sees it).
     reason: Option<String>,
 }
 
@@ -85,7 +84,7 @@ struct ChargeState {
     refund_refused: Option<Option<Refunded>>,
 }
 
-impl CheckoutContext {
+impl OperationContext {
     /// Made by the HTTP handler, from the validated order, before the loop starts. The
     /// operation is `caller`'s; `fence` is its Idempotency-Key lease, if it
     /// has one.
@@ -96,7 +95,7 @@ impl CheckoutContext {
         caller: &str,
         fence: Option<i64>,
     ) -> Self {
-        CheckoutContext(Arc::new(Inner {
+        OperationContext(Arc::new(Inner {
             email,
             charge_key: order.charge_key(),
             journal: JournalKey {
@@ -113,22 +112,24 @@ impl CheckoutContext {
             models: Mutex::new(Vec::new()),
             needs_approval: false,
             budget: None,
-            refund: None,
+            effect: Effect::Charge,
+            reason: None,
         }))
     }
 
     /// The same operation as a refund of its order's amount, not a charge. Set by the
     /// handler before anything runs.
     pub fn refunding(mut self, reason: Option<String>) -> Self {
-        Arc::get_mut(&mut self.0)
-            .expect("set before the context is shared")
-            .refund = Some(RefundAsked { reason });
+        let inner = Arc::get_mut(&mut self.0).expect("set before the context is shared");
+        inner.effect = Effect::Refund;
+        inner.reason = reason;
         self
     }
 
-    /// Whether the operation refunds (the loop offers `refund`, not `charge`).
-    pub fn is_refund(&self) -> bool {
-        self.0.refund.is_some()
+    /// What the operation does to its order: the loop's prompt, tools and nudge are the
+    /// effect's.
+    pub fn effect(&self) -> Effect {
+        self.0.effect
     }
 
     /// The one refund this operation may make: its order, its amount, under its key, for
@@ -139,7 +140,7 @@ impl CheckoutContext {
             amount: self.0.order.amount(),
             operation_key: self.0.operation_key.as_str(),
             caller: &self.0.journal.caller,
-            reason: self.0.refund.as_ref().and_then(|r| r.reason.as_deref()),
+            reason: self.0.reason.as_deref(),
             status: RefundStatus::Succeeded,
         }
     }
@@ -299,14 +300,15 @@ impl CheckoutContext {
         self.0.charge.lock().expect("never poisoned")
     }
 
-    /// Called before a charge statement is sent: until it answers, its outcome is unknown.
-    /// Returns the doubt there was before, for [`Self::charge_not_sent`].
-    pub(crate) fn charge_sending(&self) -> bool {
+    /// Called before the effect's statement (a charge, a refund) is sent: until it
+    /// answers, its outcome is unknown. Returns the doubt there was before, for
+    /// [`Self::effect_not_sent`].
+    pub(crate) fn effect_sending(&self) -> bool {
         std::mem::replace(&mut self.charge_state().in_doubt, true)
     }
 
     /// The statement provably never reached the database (no connection was had).
-    pub(crate) fn charge_not_sent(&self, doubt_before: bool) {
+    pub(crate) fn effect_not_sent(&self, doubt_before: bool) {
         self.charge_state().in_doubt = doubt_before;
     }
 
@@ -450,7 +452,7 @@ impl fmt::Display for ChargeReport {
 /// The value the loop retry clones: the checkout, and which attempt this is.
 #[derive(Clone, Debug)]
 pub struct LoopRequest {
-    pub ctx: CheckoutContext,
+    pub ctx: OperationContext,
     /// 1 for the first run of the loop, 2 for the first loop retry, …
     pub attempt: u32,
 }

@@ -9,7 +9,7 @@ use crate::db::StoreError;
 use crate::model::{ModelError, ModelErrorKind};
 use crate::outbox::QueueError;
 use crate::payments::gateway::RefundError;
-use crate::payments::{ChargeError, Receipt};
+use crate::payments::{ChargeError, Effect, Receipt};
 use crate::retry::{Retried, Stop, Unit};
 
 /// A tool call that cannot go on: the loop stops with this, the model is not asked again.
@@ -105,6 +105,14 @@ impl FailureKind {
             FailureKind::ModelDidNotCharge
             | FailureKind::ModelDidNotRefund
             | FailureKind::TooManyRounds(_) => false,
+        }
+    }
+
+    /// The model ended without doing the operation's effect.
+    pub fn did_not(effect: Effect) -> FailureKind {
+        match effect {
+            Effect::Charge => FailureKind::ModelDidNotCharge,
+            Effect::Refund => FailureKind::ModelDidNotRefund,
         }
     }
 

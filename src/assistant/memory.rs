@@ -13,11 +13,12 @@
 use serde_json::json;
 use sha2::{Digest, Sha256};
 
-use super::context::CheckoutContext;
+use super::context::OperationContext;
 use super::error::JournalFailure;
-use crate::idempotency::Fingerprint;
 use crate::journal::{Entry, EntryKind, Journal, NewEntry};
 use crate::model::wire::{AssistantMessage, ChatRequest, TokenUsage, ToolCall};
+use crate::outbox::Recipient;
+use crate::payments::Order;
 
 /// The journal, or nothing when it is turned off (`CHECKOUT_JOURNAL=false`: every loop
 /// attempt starts over, as before).
@@ -41,7 +42,7 @@ impl Memory {
     /// sweep can resume it. An operation without one (its key minted here, known to
     /// nobody else, with no lease for another instance to take over) can only be resumed
     /// by its own loop retry, in this process: its steps are kept in its context.
-    pub fn durable(&self, ctx: &CheckoutContext) -> bool {
+    pub fn durable(&self, ctx: &OperationContext) -> bool {
         self.journal.is_some() && ctx.journal_key().fence.is_some()
     }
 
@@ -53,7 +54,7 @@ impl Memory {
     /// and a record is forgotten with its journal) has no journal yet.
     pub async fn recall(
         &self,
-        ctx: &CheckoutContext,
+        ctx: &OperationContext,
         pins: &str,
         attempt: u32,
     ) -> Result<Replay, JournalFailure> {
@@ -107,7 +108,7 @@ impl Memory {
     /// waits for their commit; keeps them in the context when they are not durable.
     pub async fn remember(
         &self,
-        ctx: &CheckoutContext,
+        ctx: &OperationContext,
         entries: Vec<NewEntry>,
     ) -> Result<(), JournalFailure> {
         let Some(journal) = &self.journal else {
@@ -128,7 +129,7 @@ impl Memory {
     /// (`model@base_url`); the first carries the pins.
     pub fn answer(
         &self,
-        ctx: &CheckoutContext,
+        ctx: &OperationContext,
         step: i64,
         message: &AssistantMessage,
         usage: Option<TokenUsage>,
@@ -151,7 +152,7 @@ impl Memory {
     /// The entry of a tool call's result at `step`.
     pub fn tool(
         &self,
-        ctx: &CheckoutContext,
+        ctx: &OperationContext,
         step: i64,
         call: &ToolCall,
         content: String,
@@ -165,7 +166,7 @@ impl Memory {
         })
     }
 
-    fn entry(&self, ctx: &CheckoutContext, step: i64) -> Option<NewEntry> {
+    fn entry(&self, ctx: &OperationContext, step: i64) -> Option<NewEntry> {
         self.journal.as_ref()?;
         Some(NewEntry {
             key: ctx.journal_key().clone(),
@@ -182,21 +183,41 @@ impl Memory {
     }
 }
 
-/// What a journal is valid for: the request (its fingerprint), the configured chain of
-/// models (not the one that answered: a fallback continues the journal), and the exact
-/// opening prompt and tool schemas (hashed), as the loop is about to send them.
-pub fn pins(ctx: &CheckoutContext, opening: &ChatRequest, models: &str) -> String {
+/// What a journal is valid for: the order and address the operation acts on, the
+/// configured chain of models (not the one that answered: a fallback continues the
+/// journal), and the exact opening prompt and tool schemas (hashed), as the loop is about
+/// to send them. The effect is in the prompt; the operation key names the journal.
+pub fn pins(ctx: &OperationContext, opening: &ChatRequest, models: &str) -> String {
     let mut prompt = Sha256::new();
     prompt.update(serde_json::to_vec(&opening.messages).expect("messages serialize"));
     prompt.update(serde_json::to_vec(&opening.tools).expect("tools serialize"));
     // The first 8 bytes, as 16 hex digits.
     let digest = hex::encode(&prompt.finalize()[..8]);
     json!({
-        "request": Fingerprint::of_checkout(ctx.order()).with_email(ctx.email()).as_str(),
+        "request": order_pin(ctx.order(), ctx.email()),
         "model": models,
         "prompt": digest,
     })
     .to_string()
+}
+
+/// The order, its payment method and the address, as a journal's pins name them (the
+/// text journals kept since before the effect was a type, so that theirs still match).
+fn order_pin(order: &Order, email: Option<&Recipient>) -> String {
+    let amount = order.amount();
+    let mut pin = format!(
+        "POST /checkout orderId={} amount={} currency={}",
+        order.id(),
+        amount.minor(),
+        amount.currency()
+    );
+    if let Some(method) = order.payment_method() {
+        pin.push_str(&format!(" paymentMethod={method}"));
+    }
+    if let Some(email) = email {
+        pin.push_str(&format!(" email={email}"));
+    }
+    pin
 }
 
 /// Tokens an answer cost when it was asked for: (input, output).

@@ -22,7 +22,7 @@ pub use context::{ChargeReport, ChargeStatus, Usage};
 /// The longest model answer asked for: a tool call or a sentence needs under a hundred
 /// tokens; a small model pushed to call a tool has rambled for thousands.
 pub const MAX_TOKENS: u32 = 512;
-pub use context::{CheckoutContext, LoopRequest};
+pub use context::{LoopRequest, OperationContext};
 pub use error::{CheckoutError, FailureKind, JournalFailure};
 pub use memory::Memory;
 pub use retry::{LoopRetry, LoopRetrySettings};
@@ -56,8 +56,9 @@ impl Assistant {
         }
     }
 
-    /// Runs the checkout to its end: a confirmed charge, or the error the retries left.
-    pub async fn checkout(&self, ctx: CheckoutContext) -> Result<CheckoutOutcome, CheckoutError> {
+    /// Runs the operation to its end: its effect confirmed (a charge, a refund), or the
+    /// error the retries left.
+    pub async fn run(&self, ctx: OperationContext) -> Result<CheckoutOutcome, CheckoutError> {
         let request = LoopRequest { ctx, attempt: 1 };
         let span = genai::invoke_agent(&self.model);
         let run = self.stack.clone().oneshot(request).instrument(span);

@@ -2,7 +2,7 @@
 //! the request names the customer's `email`, `send_confirmation`.
 //!
 //! The model's arguments are only checked against the checkout the client authorized;
-//! what is charged, and under which key, comes from the [`CheckoutContext`]. The
+//! what is charged, and under which key, comes from the [`OperationContext`]. The
 //! confirmation takes no arguments at all: its recipient is the request's, its text is
 //! rendered from the receipt, its key is the operation key.
 
@@ -12,7 +12,7 @@ use serde_json::json;
 use tracing::Instrument;
 
 use super::arguments::{ArgumentRefusal, ChargeArguments};
-use super::context::{ChargeStatus, CheckoutContext};
+use super::context::{ChargeStatus, OperationContext};
 use super::error::{FailureKind, JournalFailure, ToolFailure};
 use crate::approvals::{Approvals, Status};
 use crate::journal::NewEntry;
@@ -20,7 +20,7 @@ use crate::metrics::Metrics;
 use crate::model::wire::{FunctionSpec, ToolCall, ToolList, ToolSpec, Tools};
 use crate::outbox::Outbox;
 use crate::payments::store::BudgetLeft;
-use crate::payments::{ChargeError, Order, PaymentGateway, Receipt};
+use crate::payments::{ChargeError, Effect, Order, PaymentGateway, Receipt};
 use crate::telemetry::genai;
 
 mod refund;
@@ -108,9 +108,13 @@ impl ToolBox {
         Tools::Offered(&SPECS)
     }
 
-    /// The tools offered on a refund operation: `refund` instead of `charge`.
-    pub fn offered_refund(confirmation: bool) -> Tools {
-        refund::offered(confirmation)
+    /// The tools offered to an operation that does `effect`: `charge` or `refund`, and
+    /// `send_confirmation` when the request named an address.
+    pub fn offered_for(effect: Effect, confirmation: bool) -> Tools {
+        match effect {
+            Effect::Charge => ToolBox::offered(confirmation),
+            Effect::Refund => refund::offered(confirmation),
+        }
     }
 
     /// Runs one tool call, in its `execute_tool {name}` span. A mistake of the model's
@@ -120,7 +124,7 @@ impl ToolBox {
     /// its own row.
     pub async fn dispatch(
         &self,
-        ctx: &CheckoutContext,
+        ctx: &OperationContext,
         call: &ToolCall,
         journal: Option<impl FnOnce(String) -> Vec<NewEntry>>,
     ) -> Result<ToolOutput, ToolFailure> {
@@ -130,11 +134,11 @@ impl ToolBox {
 
     async fn run(
         &self,
-        ctx: &CheckoutContext,
+        ctx: &OperationContext,
         call: &ToolCall,
         journal: Option<impl FnOnce(String) -> Vec<NewEntry>>,
     ) -> Result<ToolOutput, ToolFailure> {
-        if ctx.is_refund() {
+        if ctx.effect() == Effect::Refund {
             return Box::pin(self.run_refund(ctx, call, journal)).await;
         }
         let name = call.function.name.as_str();
@@ -159,7 +163,7 @@ impl ToolBox {
         if ctx.needs_approval() {
             self.approved(ctx).await?;
         }
-        let doubt_before = ctx.charge_sending();
+        let doubt_before = ctx.effect_sending();
         let mut journaled = false;
         let charged = self
             .gateway
@@ -174,7 +178,7 @@ impl ToolBox {
             .await
             .inspect_err(|err| {
                 if err.charged_nothing() {
-                    ctx.charge_not_sent(doubt_before);
+                    ctx.effect_not_sent(doubt_before);
                 }
             });
         let charged = match charged {
@@ -201,7 +205,7 @@ impl ToolBox {
 
     /// Goes on only when a person approved this operation's charge; otherwise the loop
     /// stops with the approval as it stands (the handler records a new one).
-    async fn approved(&self, ctx: &CheckoutContext) -> Result<(), ToolFailure> {
+    async fn approved(&self, ctx: &OperationContext) -> Result<(), ToolFailure> {
         let key = ctx.journal_key();
         // Boxed: a database statement's future, on a path few checkouts take.
         let approval = Box::pin(self.approvals.find(&key.caller, &key.operation_key))
@@ -224,7 +228,7 @@ impl ToolBox {
 
     /// A charge refused for passing the caller's budget: the model is told (nothing was
     /// charged, what is left), and the checkout answers 403 `budget_exceeded`.
-    fn over_budget(&self, ctx: &CheckoutContext, left: BudgetLeft) -> ToolOutput {
+    fn over_budget(&self, ctx: &OperationContext, left: BudgetLeft) -> ToolOutput {
         self.metrics.budget_refusal();
         ctx.refused_over_budget(left);
         tracing::info!(order = %ctx.order().id(), left = %left, "charge tool: over the caller's budget for today; nothing was charged");
@@ -239,7 +243,7 @@ impl ToolBox {
     /// operation charged the order. The insert is keyed by the operation, so a second
     /// call, a loop retry or a resume that runs it again finds the row and writes nothing;
     /// its result is journaled like any tool's that has no effect of its own to commit with.
-    async fn confirm(&self, ctx: &CheckoutContext) -> Result<ToolOutput, ToolFailure> {
+    async fn confirm(&self, ctx: &OperationContext) -> Result<ToolOutput, ToolFailure> {
         let receipt = match ctx.charge_status() {
             ChargeStatus::Charged(receipt) if ctx.made(&receipt) => receipt,
             ChargeStatus::Charged(receipt) => {
@@ -283,12 +287,12 @@ impl ToolBox {
     /// names a receipt the order does not have is a mismatch, never replayed.
     pub async fn replayed(
         &self,
-        ctx: &CheckoutContext,
+        ctx: &OperationContext,
         step: i64,
         call: &ToolCall,
         content: String,
     ) -> Result<ToolOutput, FailureKind> {
-        if ctx.is_refund() && call.function.name == REFUND {
+        if ctx.effect() == Effect::Refund && call.function.name == REFUND {
             return self.replayed_refund(ctx, step, content).await;
         }
         let charged: Option<String> = (call.function.name == CHARGE)
@@ -375,7 +379,7 @@ fn budget_result(left: &BudgetLeft, order: &Order) -> String {
 }
 
 /// The budget refusal a journaled charge result records, if it is one.
-fn budget_refusal(content: &str, ctx: &CheckoutContext) -> Option<BudgetLeft> {
+fn budget_refusal(content: &str, ctx: &OperationContext) -> Option<BudgetLeft> {
     let result: serde_json::Value = serde_json::from_str(content).ok()?;
     let left = result.get("budgetLeft")?.as_str()?;
     let limit = ctx.charge().budget()?;

@@ -12,12 +12,12 @@ pub mod extract;
 pub mod health;
 pub mod idempotent;
 pub mod metrics;
+pub mod operation;
 pub mod operations;
 pub mod rate_limit;
 pub mod receipts;
 pub mod recovery;
 pub mod refunds;
-mod resume;
 pub mod schema;
 pub mod serve;
 pub mod state;
@@ -43,6 +43,7 @@ use crate::metrics::{Metrics, TimedOut};
 
 pub use answer::HttpAnswer;
 use error::{Code, Problem};
+pub use operation::{Operation, OperationRef};
 pub use state::{AppState, ModelInfo, Parts};
 
 #[derive(OpenApi)]

@@ -9,11 +9,9 @@
 use std::time::Duration;
 
 use super::admission::Slot;
-use super::idempotent;
-use super::resume::rebuild;
+use super::operation::{Resume, ResumeError};
 use super::state::AppState;
 use crate::idempotency::Lapsed;
-use crate::payments::OperationKey;
 use crate::worker::{Worker, every};
 
 /// Operations looked at per pass.
@@ -76,23 +74,12 @@ async fn recover(app: &AppState, operation: Lapsed, slot: Slot) {
         }
         return slot.unused();
     }
-    let request = match rebuild(&operation.request, settings.payments.max_amount).and_then(
-        |parts| {
-            Ok((
-                parts,
-                OperationKey::from_client(&key).map_err(|e| e.to_string())?,
-            ))
-        },
-    ) {
-        Ok(request) => request,
-        Err(err) => {
-            tracing::error!(key, caller, error = %err, "recovery sweep: the operation's recorded request does not read; not resumed");
+    let resume = match Resume::read(app, &caller, &key, &operation.request).await {
+        Ok(resume) => resume,
+        Err(err @ ResumeError::Unreadable(_)) => {
+            tracing::error!(key, caller, error = %err, "recovery sweep: not resumed");
             return slot.unused();
         }
-    };
-    // Its caller's budget applies to a resumed checkout as to the request's own run.
-    let caller = match crate::caller::named(app.db(), &caller).await {
-        Ok(caller) => caller,
         Err(err) => {
             tracing::warn!(key, error = %err, "recovery sweep: cannot read the operation's caller");
             return slot.unused();
@@ -113,22 +100,13 @@ async fn recover(app: &AppState, operation: Lapsed, slot: Slot) {
     };
     tracing::warn!(
         key,
-        caller = %caller.name,
+        caller = %resume.caller().name,
         fence = lease.fence,
         recovery = operation.recoveries + 1,
         of = max,
         "recovery sweep: took over an operation whose lease lapsed unfinished; resuming it from its journal"
     );
-    let (request, operation_key) = request;
-    let fence = Some(lease.fence);
-    let work = {
-        let app = app.clone();
-        async move {
-            let _slot = slot;
-            request.run(&app, operation_key, &caller, fence).await
-        }
-    };
-    let answer = idempotent::resume(app, lease, work).await;
+    let answer = resume.run(app, lease, slot).await;
     if answer.final_outcome {
         tracing::info!(
             key,

@@ -25,84 +25,31 @@ use renewals::{Renewal, Renewals};
 
 use crate::db::{Database, GroupWriter, StoreError};
 use crate::journal::{self, NewEntry};
-use crate::outbox::{self, Recipient};
-use crate::payments::Order;
+use crate::outbox;
 
-/// What makes two requests the same request: method, path, and the canonical order.
-/// It also carries the request itself (JSON), which the record keeps so that the
-/// recovery sweep can resume the operation without its client.
+/// What makes two requests the same request (`canonical`: method, path and what the
+/// request asks, as text), and the request itself, which the record keeps so that an
+/// approval's resume or the recovery sweep can run the operation again without its
+/// client. Both are made by the request's own type (`http::Operation`): the records
+/// compare and keep them, and read neither.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Fingerprint {
     canonical: String,
-    request: serde_json::Map<String, serde_json::Value>,
+    request: String,
 }
 
 impl Fingerprint {
-    pub fn of_checkout(order: &Order) -> Fingerprint {
-        let amount = order.amount();
-        let mut request = serde_json::Map::new();
-        request.insert("orderId".into(), order.id().as_str().into());
-        request.insert("amount".into(), amount.decimal().into());
-        request.insert("currency".into(), amount.currency().code().into());
-        let mut canonical = format!(
-            "POST /checkout orderId={} amount={} currency={}",
-            order.id(),
-            amount.minor(),
-            amount.currency()
-        );
-        // Only when given, so that a key's fingerprint without one stays as it was.
-        if let Some(method) = order.payment_method() {
-            canonical.push_str(&format!(" paymentMethod={method}"));
-            request.insert("paymentMethod".into(), method.as_str().into());
-        }
+    pub fn new(canonical: String, request: String) -> Fingerprint {
         Fingerprint { canonical, request }
-    }
-
-    /// A refund request, as the client sent it (`amount`: `None` for "what is left", so
-    /// that a retry of it is the same request after the refund is made), with the refund
-    /// the handler authorized (`order`: its order and amount) kept for a resume.
-    pub fn of_refund(order: &Order, asked: Option<&str>, reason: Option<&str>) -> Fingerprint {
-        let amount = order.amount();
-        let mut request = serde_json::Map::new();
-        request.insert("kind".into(), "refund".into());
-        request.insert("orderId".into(), order.id().as_str().into());
-        request.insert("amount".into(), amount.decimal().into());
-        request.insert("currency".into(), amount.currency().code().into());
-        let mut canonical = format!(
-            "POST /refunds orderId={} amount={}",
-            order.id(),
-            asked.unwrap_or("rest")
-        );
-        if let Some(reason) = reason {
-            canonical.push_str(&format!(" reason={reason:?}"));
-            request.insert("reason".into(), reason.into());
-        }
-        Fingerprint { canonical, request }
-    }
-
-    /// The same request with the customer's address: another address is another request.
-    pub fn with_email(mut self, email: Option<&Recipient>) -> Fingerprint {
-        if let Some(email) = email {
-            self.canonical.push_str(&format!(" email={email}"));
-            self.request.insert("email".into(), email.as_str().into());
-        }
-        self
-    }
-
-    /// Something the request asked that does not make it another request (the answer's
-    /// format), kept for the sweep's resume.
-    pub fn noting(mut self, name: &str, value: &str) -> Fingerprint {
-        self.request.insert(name.into(), value.into());
-        self
     }
 
     pub fn as_str(&self) -> &str {
         &self.canonical
     }
 
-    /// The request, as JSON.
-    pub fn request(&self) -> String {
-        serde_json::Value::Object(self.request.clone()).to_string()
+    /// The request, as its record keeps it.
+    pub fn request(&self) -> &str {
+        &self.request
     }
 }
 
@@ -278,7 +225,7 @@ pub async fn begin(
         caller: caller.to_owned(),
         key: key.to_owned(),
         fingerprint: fingerprint.as_str().to_owned(),
-        request: fingerprint.request(),
+        request: fingerprint.request().to_owned(),
         lease,
         ttl,
     };
@@ -309,7 +256,7 @@ async fn begin_existing(
         if turn > 0 {
             let (fp, request) = (fingerprint.as_str(), fingerprint.request());
             if let Some(fence) =
-                records::insert(conn.conn(), caller, key, fp, &request, lease, ttl).await?
+                records::insert(conn.conn(), caller, key, fp, request, lease, ttl).await?
             {
                 return Ok(Begin::Owner(lease_of(caller, key, fence)));
             }

@@ -2,8 +2,6 @@
 //! `metrics.rs`, and the methods that record them.
 
 use super::{Def, Metrics};
-use crate::payments::Money;
-use crate::payments::store::Refund;
 
 /// How a refund tool call can end: one series each.
 const OUTCOMES: [&str; 3] = ["refunded", "found", "refused"];
@@ -11,6 +9,11 @@ const OUTCOMES: [&str; 3] = ["refunded", "found", "refused"];
 pub(super) const REFUNDS: Def = Def {
     name: "checkout_refunds_total",
     help: "Refund tool calls by outcome: refunded (this call made the refund), found (the operation's refund was made before: a retry or a resume), refused (it would pass what the order was charged, or the order is not charged; nothing refunded).",
+    buckets: None,
+};
+pub(super) const REFUND_OPERATIONS: Def = Def {
+    name: "checkout_refund_operations_total",
+    help: "Refunds answered (POST /refunds, and their resumes), by outcome: code=\"ok\" for a confirmed refund (made now or found), else the problem code; invalid_request counts refunds refused by validation. A replayed Idempotency-Key answer is not counted here, and no refund is counted in checkout_checkouts_total.",
     buckets: None,
 };
 pub(super) const REFUNDED: Def = Def {
@@ -27,19 +30,24 @@ impl Metrics {
         }
     }
 
-    /// A refund made (`refunded`) or found (`found`).
-    pub fn refund(&self, outcome: &'static str, refund: &Refund) {
+    /// A refund operation answered: `ok` (a confirmed refund), or its problem's code.
+    pub fn refund_answered(&self, code: &'static str) {
+        self.counter(&REFUND_OPERATIONS, &[("code", code)], 1);
+    }
+
+    /// A refund made (`refunded`: `minor` units of `currency` given back) or found
+    /// (`found`).
+    pub fn refund(&self, outcome: &'static str, currency: &str, minor: u64) {
         debug_assert!(OUTCOMES.contains(&outcome), "{outcome}");
         self.counter(&REFUNDS, &[("outcome", outcome)], 1);
         if outcome == "refunded" {
-            self.refunded(refund.amount);
+            self.refunded(currency, minor);
         }
     }
 
-    /// Money given back, by currency.
-    pub fn refunded(&self, amount: Money) {
-        let minor = u64::try_from(amount.minor()).unwrap_or(0);
-        self.counter(&REFUNDED, &[("currency", amount.currency().code())], minor);
+    /// Money given back, by currency, in minor units.
+    pub fn refunded(&self, currency: &str, minor: u64) {
+        self.counter(&REFUNDED, &[("currency", currency)], minor);
     }
 
     /// A refund refused: nothing refunded.

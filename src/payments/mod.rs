@@ -1,5 +1,6 @@
 //! Money, keys, the payment gateway and the receipts it keeps.
 
+pub mod effect;
 pub mod gateway;
 pub mod keys;
 pub mod limits;
@@ -7,6 +8,7 @@ pub mod money;
 pub mod store;
 pub mod stripe;
 
+pub use effect::Effect;
 pub use gateway::{ChargeError, Charged, PaymentGateway};
 pub use keys::{Charge, ChargeKey, OperationKey, Order, OrderId, PaymentMethod};
 pub use limits::PerCurrency;

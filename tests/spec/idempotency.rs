@@ -6,7 +6,10 @@ use std::time::Duration;
 
 use crate::common::{Backend, Harness, Reply, TestDb, until};
 use checkout::db::{Database, PoolSettings};
-use checkout::idempotency::{self, Begin, Fingerprint, Records, Saved};
+use checkout::http::OperationRef;
+use checkout::http::checkout::CheckoutRequest;
+use checkout::http::extract::Format;
+use checkout::idempotency::{self, Begin, Records, Saved};
 use checkout::payments::{Currency, Money, Order, OrderId};
 
 const KEY: (&str, &str) = ("idempotency-key", "\"order-7-attempt\"");
@@ -206,7 +209,13 @@ async fn lease_and_fence(backend: Backend) {
         OrderId::parse("L-1").unwrap(),
         Money::parse("1.00", Currency::USD).unwrap(),
     );
-    let fp = Fingerprint::of_checkout(&order);
+    let fp = OperationRef::Checkout(&CheckoutRequest {
+        order,
+        email: None,
+        format: Format::Json,
+        needs_approval: false,
+    })
+    .fingerprint();
     // A lease far longer than any pause a loaded machine makes between two
     // statements: while it holds, the key is in flight whatever the timing.
     let (lease, ttl) = (Duration::from_secs(30), Duration::from_secs(60));

@@ -8,7 +8,10 @@ use std::time::Duration;
 
 use crate::common::{Backend, Harness, Reply, TestDb};
 use checkout::db::{Database, PoolSettings};
-use checkout::idempotency::{self, Begin, Fingerprint, Records};
+use checkout::http::OperationRef;
+use checkout::http::checkout::CheckoutRequest;
+use checkout::http::extract::Format;
+use checkout::idempotency::{self, Begin, Records};
 use checkout::journal::{EntryKind, Journal, JournalKey, NewEntry};
 use checkout::payments::{Currency, Money, Order, OrderId};
 
@@ -205,7 +208,13 @@ async fn only_the_lease_holder_appends(backend: Backend) {
         OrderId::parse("J-2").unwrap(),
         Money::parse("1.00", Currency::USD).unwrap(),
     );
-    let fp = Fingerprint::of_checkout(&order);
+    let fp = OperationRef::Checkout(&CheckoutRequest {
+        order,
+        email: None,
+        format: Format::Json,
+        needs_approval: false,
+    })
+    .fingerprint();
     let (lease, ttl) = (Duration::from_secs(30), Duration::from_secs(60));
     let begin = || idempotency::begin(&records, "", "k", &fp, lease, ttl);
     let Begin::Owner(first) = begin().await.unwrap() else {

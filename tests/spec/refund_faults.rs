@@ -63,7 +63,7 @@ both_backends!(
 // The loop retry resumes from the journal: round 2 times out three times (the request
 // retry gives up), the second loop attempt replays round 1 and the refund's result.
 // Seen failing: with the journal never read (`Memory::recall` answering an empty replay)
-// and the refund key minted per call in `CheckoutContext::refund` (the article's bug),
+// and the refund key minted per call in `OperationContext::refund` (the article's bug),
 // the loop restarted (6 model requests where 5).
 both_backends!(
     a_loop_retry_after_the_refund_resumes_from_the_journal_and_refunds_once,
@@ -329,7 +329,7 @@ async fn killed_after_the_refund_before_the_answer_the_retry_to_another_instance
 // The article's incident, for a refund: the journal off (`CHECKOUT_JOURNAL=false`), the
 // loop retry restarts the conversation after the refund, the model asks for the refund
 // again, and the refund key (the operation's, made by the handler) finds the first one.
-// Seen failing: with the refund key minted per call in `CheckoutContext::refund`, the
+// Seen failing: with the refund key minted per call in `OperationContext::refund`, the
 // restart refunded a second time (2 refunds rows where 1).
 both_backends!(
     with_the_journal_off_a_restarted_loop_asks_for_the_refund_again_and_refunds_once,

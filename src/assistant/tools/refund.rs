@@ -9,7 +9,7 @@ use serde_json::json;
 
 use super::{ToolBox, ToolOutput, raw, refused};
 use crate::assistant::arguments::{ArgumentRefusal, ChargeArguments};
-use crate::assistant::context::CheckoutContext;
+use crate::assistant::context::OperationContext;
 use crate::assistant::error::{FailureKind, JournalFailure, ToolFailure};
 use crate::journal::NewEntry;
 use crate::model::wire::{FunctionSpec, ToolCall, ToolList, ToolSpec, Tools};
@@ -68,7 +68,7 @@ impl ToolBox {
     /// A tool call of a refund operation.
     pub(super) async fn run_refund(
         &self,
-        ctx: &CheckoutContext,
+        ctx: &OperationContext,
         call: &ToolCall,
         journal: Option<impl FnOnce(String) -> Vec<NewEntry>>,
     ) -> Result<ToolOutput, ToolFailure> {
@@ -95,7 +95,7 @@ impl ToolBox {
         if ctx.needs_approval() {
             self.approved(ctx).await?;
         }
-        let doubt_before = ctx.charge_sending();
+        let doubt_before = ctx.effect_sending();
         let mut journaled = false;
         let made = self
             .gateway
@@ -115,22 +115,25 @@ impl ToolBox {
         } = match made {
             Ok(made) => made,
             Err(RefundError::Exceeds { state, .. }) => {
-                ctx.charge_not_sent(doubt_before);
+                ctx.effect_not_sent(doubt_before);
                 return Ok(self.refund_refused(ctx, Some(state)));
             }
             Err(RefundError::NotCharged(_)) => {
-                ctx.charge_not_sent(doubt_before);
+                ctx.effect_not_sent(doubt_before);
                 return Ok(self.refund_refused(ctx, None));
             }
             Err(err) => {
                 if !matches!(&err, RefundError::Store(store) if !store.never_sent()) {
-                    ctx.charge_not_sent(doubt_before);
+                    ctx.effect_not_sent(doubt_before);
                 }
                 return Err(ToolFailure::Refund(Box::new(err)));
             }
         };
-        self.metrics
-            .refund(if created { "refunded" } else { "found" }, &refund);
+        self.metrics.refund(
+            if created { "refunded" } else { "found" },
+            refund.amount.currency().code(),
+            u64::try_from(refund.amount.minor()).unwrap_or(0),
+        );
         if created {
             tracing::info!(target: genai::TARGET, order = %refund.order_id, refund = %refund.id, "refund tool: refunded");
         } else {
@@ -151,7 +154,7 @@ impl ToolBox {
     }
 
     /// The order's receipt, which a refund was made against.
-    async fn receipt_of(&self, ctx: &CheckoutContext) -> Result<Receipt, FailureKind> {
+    async fn receipt_of(&self, ctx: &OperationContext) -> Result<Receipt, FailureKind> {
         Box::pin(self.gateway.receipt(ctx.order().id()))
             .await
             .map_err(|err| FailureKind::Journal(JournalFailure::Store(err)))?
@@ -164,7 +167,7 @@ impl ToolBox {
 
     /// A refund refused: it would pass what the order was charged (what is left in
     /// `state`), or the order is not charged. The model is told; nothing was refunded.
-    fn refund_refused(&self, ctx: &CheckoutContext, state: Option<Refunded>) -> ToolOutput {
+    fn refund_refused(&self, ctx: &OperationContext, state: Option<Refunded>) -> ToolOutput {
         self.metrics.refund_refused();
         ctx.refund_refused(state);
         let order = ctx.order();
@@ -196,7 +199,7 @@ impl ToolBox {
 
     /// `send_confirmation` of a refund: one outbox row for this operation, written only
     /// once this operation's refund is made.
-    async fn confirm_refund(&self, ctx: &CheckoutContext) -> Result<ToolOutput, ToolFailure> {
+    async fn confirm_refund(&self, ctx: &OperationContext) -> Result<ToolOutput, ToolFailure> {
         let Some((refund, _)) = ctx.refund_made() else {
             return Ok(refused(format!(
                 "the refund is not made yet: call {REFUND:?} first; nothing was sent"
@@ -229,7 +232,7 @@ impl ToolBox {
     /// mismatch, never replayed.
     pub(super) async fn replayed_refund(
         &self,
-        ctx: &CheckoutContext,
+        ctx: &OperationContext,
         step: i64,
         content: String,
     ) -> Result<ToolOutput, FailureKind> {
@@ -270,7 +273,7 @@ impl ToolBox {
         })
     }
 
-    async fn refunded(&self, ctx: &CheckoutContext) -> Result<Option<Refunded>, FailureKind> {
+    async fn refunded(&self, ctx: &OperationContext) -> Result<Option<Refunded>, FailureKind> {
         self.gateway
             .refunds()
             .refunded(ctx.order().id())

@@ -22,12 +22,11 @@ use super::checkout::{self, ApprovalView, denied_answer, expired_answer, saved};
 use super::error::{Code, Problem};
 use super::extract::Params;
 use super::idempotent;
-use super::resume::rebuild;
+use super::operation::{Resume, ResumeError};
 use super::state::AppState;
 use crate::approvals::{Approval, Decided, Status};
 use crate::caller::{Caller, Scope};
 use crate::idempotency::Lease;
-use crate::payments::OperationKey;
 use crate::worker::{Worker, every};
 
 mod errors;
@@ -218,38 +217,18 @@ async fn finish(
                 Ok(None) => return operation_gone(&approval),
                 Err(err) => return unavailable(err),
             };
-            let settings = app.settings();
-            let rebuilt = rebuild(&request, settings.payments.max_amount).and_then(|r| {
-                Ok((
-                    r,
-                    OperationKey::from_client(&key).map_err(|e| e.to_string())?,
-                ))
-            });
-            let (request, operation_key) = match rebuilt {
-                Ok(rebuilt) => rebuilt,
+            return match Resume::read(app, &caller, &key, &request).await {
+                Ok(resume) => resume.run(app, lease, slot).await.into_response(),
+                Err(ResumeError::Store(err)) => unavailable(err),
                 Err(err) => {
-                    tracing::error!(key, caller, error = %err, "the approved operation's recorded request does not read; not resumed");
-                    return Problem::new(
+                    tracing::error!(key, caller, error = %err, "the approved operation is not resumed");
+                    Problem::new(
                         Code::Unavailable,
-                        format!("the approved checkout's recorded request does not read: {err}"),
+                        format!("the approved {}: {err}", approval.kind),
                     )
-                    .into_response();
+                    .into_response()
                 }
             };
-            // The checkout is its asker's: its budget applies, as to its first run.
-            let owner = match crate::caller::named(app.db(), &caller).await {
-                Ok(owner) => owner,
-                Err(err) => return unavailable(err),
-            };
-            let fence = Some(lease.fence);
-            let work = {
-                let app = app.clone();
-                async move {
-                    let _slot = slot;
-                    request.run(&app, operation_key, &owner, fence).await
-                }
-            };
-            return idempotent::resume(app, lease, work).await.into_response();
         }
         match records.status(&caller, &key).await {
             Ok(Some(Ok(saved))) => return idempotent::replay(saved),

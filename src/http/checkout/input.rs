@@ -1,7 +1,7 @@
 //! What a checkout request says: the order, given once, in the query string, checked
 //! field by field; and the answer format the client asked for.
 
-use serde::Deserialize;
+use serde::{Deserialize, Serialize};
 use utoipa::IntoParams;
 use utoipa::openapi::Required;
 use utoipa::openapi::path::{Parameter, ParameterBuilder, ParameterIn};
@@ -10,7 +10,6 @@ use utoipa::openapi::schema::Schema;
 use crate::http::error::Problem;
 use crate::http::extract::Format;
 use crate::http::schema;
-use crate::idempotency::Fingerprint;
 use crate::outbox::Recipient;
 use crate::payments::{Currency, Money, Order, OrderId, PaymentMethod};
 
@@ -149,8 +148,10 @@ pub(super) fn order(
 }
 
 /// A checkout as the handler took it, checked: what every run of its operation starts
-/// from (the client's, a resume after a person's approval, the recovery sweep's).
-#[derive(Debug)]
+/// from (the client's, a resume after a person's approval, the recovery sweep's). Kept
+/// in its operation's record as [`Recorded`], read back through the same checks.
+#[derive(Clone, Debug, Deserialize)]
+#[serde(try_from = "Recorded")]
 pub struct CheckoutRequest {
     pub order: Order,
     pub email: Option<Recipient>,
@@ -161,41 +162,96 @@ pub struct CheckoutRequest {
 }
 
 impl CheckoutRequest {
-    /// The request's identity and, kept beside it for a resume, what does not make it
-    /// another request (the answer's format, the approval the handler required).
-    pub fn fingerprint(&self) -> Fingerprint {
-        let mut fingerprint = Fingerprint::of_checkout(&self.order).with_email(self.email.as_ref());
-        if self.format == Format::Text {
-            fingerprint = fingerprint.noting("accept", "text/plain");
+    /// The request's identity: the order, its payment method and the address (not the
+    /// answer's format, nor the approval the handler required).
+    pub(crate) fn canonical(&self) -> String {
+        let amount = self.order.amount();
+        let mut canonical = format!(
+            "POST /checkout orderId={} amount={} currency={}",
+            self.order.id(),
+            amount.minor(),
+            amount.currency()
+        );
+        // Only when given, so that a key's fingerprint without one stays as it was.
+        if let Some(method) = self.order.payment_method() {
+            canonical.push_str(&format!(" paymentMethod={method}"));
         }
-        if self.needs_approval {
-            fingerprint = fingerprint.noting("approval", "required");
+        if let Some(email) = &self.email {
+            canonical.push_str(&format!(" email={email}"));
         }
-        fingerprint
+        canonical
     }
 }
 
-/// A request as its Idempotency-Key record keeps it ([`Fingerprint::request`]), checked
-/// again as the handler checks it: what a resume runs.
-pub(crate) fn rebuild(request: &str, max_amount: u64) -> Result<CheckoutRequest, String> {
-    let mut fields: serde_json::Map<String, serde_json::Value> =
-        serde_json::from_str(request).map_err(|err| err.to_string())?;
-    let format = match fields.remove("accept") {
-        Some(accept) if accept == "text/plain" => Format::Text,
-        _ => Format::Json,
-    };
-    let needs_approval = fields.remove("approval").is_some_and(|a| a == "required");
-    let mut query: CheckoutQuery =
-        serde_json::from_value(serde_json::Value::Object(fields)).map_err(|err| err.to_string())?;
-    let email = recipient(query.email.take()).map_err(|p| p.body.detail.clone())?;
-    // The method was required, or not, when the request was first taken.
-    let order = order(query, max_amount, false).map_err(|p| p.body.detail)?;
-    Ok(CheckoutRequest {
-        order,
-        email,
-        format,
-        needs_approval,
-    })
+/// A checkout as its operation's record keeps it: the query's fields as the client
+/// named them, and what the handler decided beside them.
+#[derive(Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub(crate) struct Recorded {
+    order_id: String,
+    amount: String,
+    currency: String,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    payment_method: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    email: Option<String>,
+    /// `text/plain` when the client asked for the sentence alone.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    accept: Option<String>,
+    /// `required` when the charge waits for a person.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    approval: Option<String>,
+}
+
+impl Serialize for CheckoutRequest {
+    fn serialize<S: serde::Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
+        Recorded::from(self).serialize(serializer)
+    }
+}
+
+impl From<&CheckoutRequest> for Recorded {
+    fn from(request: &CheckoutRequest) -> Recorded {
+        let amount = request.order.amount();
+        Recorded {
+            order_id: request.order.id().as_str().to_owned(),
+            amount: amount.decimal(),
+            currency: amount.currency().code().to_owned(),
+            payment_method: request
+                .order
+                .payment_method()
+                .map(|m| m.as_str().to_owned()),
+            email: request.email.as_ref().map(|e| e.as_str().to_owned()),
+            accept: (request.format == Format::Text).then(|| "text/plain".into()),
+            approval: request.needs_approval.then(|| "required".into()),
+        }
+    }
+}
+
+impl TryFrom<Recorded> for CheckoutRequest {
+    type Error = String;
+
+    /// Checked again as the handler checks a query, but for the largest amount, which
+    /// the order met when it was taken, as it did the payment method's requirement.
+    fn try_from(recorded: Recorded) -> Result<CheckoutRequest, String> {
+        let query = CheckoutQuery {
+            order_id: Some(recorded.order_id),
+            amount: Some(recorded.amount),
+            currency: Some(recorded.currency),
+            email: None,
+            payment_method: recorded.payment_method,
+        };
+        let email = recipient(recorded.email).map_err(|p| p.body.detail)?;
+        let order = order(query, u64::MAX, false).map_err(|p| p.body.detail)?;
+        Ok(CheckoutRequest {
+            order,
+            email,
+            format: match recorded.accept.as_deref() {
+                Some("text/plain") => Format::Text,
+                _ => Format::Json,
+            },
+            needs_approval: recorded.approval.as_deref() == Some("required"),
+        })
+    }
 }
 
 /// The customer's address, if the query names one.

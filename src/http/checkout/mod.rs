@@ -11,7 +11,6 @@ mod paused;
 pub use examples::CheckoutErrors;
 pub use input::CheckoutQuery;
 pub use input::CheckoutRequest;
-pub(crate) use input::rebuild;
 use input::{order, recipient};
 pub use outcome::{CheckoutResponse, UsageView};
 use outcome::{failure, paid_anyway, success};
@@ -26,7 +25,7 @@ use axum::response::{IntoResponse, Response};
 use futures_util::FutureExt;
 use futures_util::future::BoxFuture;
 
-use crate::assistant::CheckoutContext;
+use crate::assistant::OperationContext;
 use crate::caller::{Caller, Scope};
 use crate::http::admission::Slot;
 use crate::http::answer::HttpAnswer;
@@ -34,6 +33,7 @@ use crate::http::auth::require;
 use crate::http::error::Code;
 use crate::http::extract::{Format, IdempotencyKey, NoBody, Params};
 use crate::http::idempotent;
+use crate::http::operation::OperationRef;
 use crate::http::state::AppState;
 use crate::http::stream;
 use crate::idempotency::Lease;
@@ -127,7 +127,7 @@ pub(crate) fn start(
     let key = client_key.or_else(|| (needs_approval || streamed).then(OperationKey::mint));
     match key {
         Some(key) => {
-            let fingerprint = request.fingerprint();
+            let fingerprint = OperationRef::Checkout(&request).fingerprint();
             let work = {
                 let (app, key, caller) = (app.clone(), key.clone(), caller.clone());
                 // The slot is let go when the run ends: a block that awaited the run
@@ -223,7 +223,7 @@ pub(crate) fn run(
     } = request;
     let budget = caller.budget_per_day(&app.settings().payments, order.amount().currency());
     let mut ctx =
-        CheckoutContext::new(order, email, operation_key, &caller.name, fence).with_budget(budget);
+        OperationContext::new(order, email, operation_key, &caller.name, fence).with_budget(budget);
     if needs_approval {
         ctx = ctx.needing_approval();
     }
@@ -232,8 +232,8 @@ pub(crate) fn run(
 }
 
 /// The checkout `ctx` run to its answer, written in `format`.
-async fn finish(app: &AppState, ctx: CheckoutContext, format: Format) -> HttpAnswer {
-    let result = app.assistant().checkout(ctx.clone()).await;
+async fn finish(app: &AppState, ctx: OperationContext, format: Format) -> HttpAnswer {
+    let result = app.assistant().run(ctx.clone()).await;
     if let Err(err) = &result
         && let Some(found) = err.kind.approval()
     {
@@ -261,7 +261,7 @@ async fn finish(app: &AppState, ctx: CheckoutContext, format: Format) -> HttpAns
 }
 
 /// The operation's confirmation email as it stands (the request named an address).
-async fn confirmation(app: &AppState, ctx: &CheckoutContext) -> Option<Confirmation> {
+async fn confirmation(app: &AppState, ctx: &OperationContext) -> Option<Confirmation> {
     let key = ctx.journal_key();
     match app
         .outbox()

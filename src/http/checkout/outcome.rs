@@ -6,8 +6,8 @@ use serde::Serialize;
 use utoipa::ToSchema;
 
 use crate::assistant::{
-    ChargeReport, ChargeStatus, CheckoutContext, CheckoutError, CheckoutOutcome, FailureKind,
-    JournalFailure, Usage,
+    ChargeReport, ChargeStatus, CheckoutError, CheckoutOutcome, FailureKind, JournalFailure,
+    OperationContext, Usage,
 };
 use crate::http::answer::HttpAnswer;
 use crate::http::error::{Code, Problem};
@@ -88,7 +88,7 @@ impl From<Usage> for UsageView {
 }
 
 pub(super) fn success(
-    ctx: &CheckoutContext,
+    ctx: &OperationContext,
     mut outcome: CheckoutOutcome,
     confirmation: Option<Confirmation>,
     format: Format,
@@ -145,7 +145,7 @@ pub(super) fn success(
 /// operation's answer is that instance's to give (409 `in_flight` here, its saved answer
 /// on the client's retry), so that one key never has two different answers.
 pub(super) fn paid_anyway(
-    ctx: &CheckoutContext,
+    ctx: &OperationContext,
     err: CheckoutError,
 ) -> Result<CheckoutOutcome, CheckoutError> {
     let ChargeStatus::Charged(receipt) = ctx.charge_status() else {
@@ -218,7 +218,7 @@ fn amount_conflict(err: &CheckoutError) -> Problem {
 }
 
 /// 403 `budget_exceeded`: what is left of the caller's budget today, nothing charged.
-pub(crate) fn over_budget(ctx: &CheckoutContext, left: BudgetLeft, attempts: u32) -> Problem {
+pub(crate) fn over_budget(ctx: &OperationContext, left: BudgetLeft, attempts: u32) -> Problem {
     let problem = Problem::new(
         Code::BudgetExceeded,
         format!(
@@ -235,7 +235,7 @@ pub(crate) fn over_budget(ctx: &CheckoutContext, left: BudgetLeft, attempts: u32
 /// The payment provider ended the attempt without charging.
 fn not_charged(
     mut problem: Problem,
-    ctx: &CheckoutContext,
+    ctx: &OperationContext,
     payment_id: Option<String>,
     attempts: u32,
 ) -> Problem {
@@ -247,7 +247,7 @@ fn not_charged(
 }
 
 /// The error answer, saying which layer gave up and whether the order is charged.
-pub(super) async fn failure(app: &AppState, ctx: &CheckoutContext, err: CheckoutError) -> Problem {
+pub(super) async fn failure(app: &AppState, ctx: &OperationContext, err: CheckoutError) -> Problem {
     let usage = ctx.usage();
     tracing::warn!(
         order = %ctx.order().id(),

@@ -8,9 +8,10 @@ use serde::{Deserialize, Serialize};
 use utoipa::ToSchema;
 
 use crate::approvals::{Approval, Paused, Status};
-use crate::assistant::CheckoutContext;
+use crate::assistant::OperationContext;
 use crate::http::answer::HttpAnswer;
 use crate::http::error::{Code, Problem};
+use crate::http::operation::answered;
 use crate::http::state::AppState;
 use crate::idempotency::{Lease, Saved};
 
@@ -59,7 +60,7 @@ impl From<&Approval> for ApprovalView {
             amount: a.amount.decimal(),
             currency: a.amount.currency().code().to_owned(),
             status: a.status,
-            kind: a.kind.clone(),
+            kind: a.kind.as_str().to_owned(),
             expires_at: time(a.expires_at),
             created_at: time(a.created_at),
             operation_key: a.operation_key.clone(),
@@ -86,11 +87,7 @@ pub struct PausedResponse {
 
 /// What the approval's operation does, done: `charged`, `refunded`.
 fn done(approval: &Approval) -> &'static str {
-    if approval.kind == "refund" {
-        "refunded"
-    } else {
-        "charged"
-    }
+    approval.kind.done()
 }
 
 /// The 202 of a checkout waiting for `approval`.
@@ -169,7 +166,7 @@ pub(crate) fn saved(answer: &HttpAnswer) -> Saved {
 /// found.
 pub(crate) async fn pause(
     app: &AppState,
-    ctx: &CheckoutContext,
+    ctx: &OperationContext,
     found: Option<Approval>,
 ) -> HttpAnswer {
     match found.as_ref().map(|a| a.status) {
@@ -194,18 +191,14 @@ pub(crate) async fn pause(
     let keep = app.settings().idempotency.ttl;
     let paused = app
         .approvals()
-        .pause(
-            &lease,
-            ctx.order(),
-            if ctx.is_refund() { "refund" } else { "charge" },
-            keep,
-            |a| saved(&paused_answer(a)),
-        )
+        .pause(&lease, ctx.order(), ctx.effect(), keep, |a| {
+            saved(&paused_answer(a))
+        })
         .await;
     match paused {
         Ok(Paused::Now(approval)) => {
             app.metrics().approval_requested();
-            app.metrics().checkout("requires_approval");
+            answered(app, ctx.effect(), "requires_approval");
             tracing::info!(approval = %approval.id, order = %approval.order_id, amount = %approval.amount, expires_at = %approval.expires_at, "checkout paused for a person's approval; nothing charged, the journal kept");
             let mut answer = paused_answer(&approval);
             answer.saved = true;

@@ -9,14 +9,13 @@
 mod input;
 mod outcome;
 
-pub(crate) use input::rebuild;
 pub use input::{RefundInput, RefundQuery, RefundRequest};
 pub use outcome::{RefundErrors, RefundResponse, RefundView};
 
 use axum::extract::{Extension, State};
 use axum::response::{IntoResponse, Response};
 
-use crate::assistant::CheckoutContext;
+use crate::assistant::OperationContext;
 use crate::caller::{Caller, Scope};
 use crate::http::admission::Slot;
 use crate::http::answer::HttpAnswer;
@@ -25,9 +24,10 @@ use crate::http::error::{Code, Problem};
 use crate::http::extract::Format;
 use crate::http::extract::IdempotencyKey;
 use crate::http::idempotent;
+use crate::http::operation::{OperationRef, answered};
 use crate::http::state::AppState;
-use crate::idempotency::{Fingerprint, Lease};
-use crate::payments::{Money, OperationKey, Order, Receipt};
+use crate::idempotency::Lease;
+use crate::payments::{Effect, Money, OperationKey, Order, Receipt};
 
 #[utoipa::path(
     post,
@@ -58,7 +58,7 @@ pub async fn refund(
     let checked = match input::check(query) {
         Ok(checked) => checked,
         Err(problem) => {
-            app.metrics().checkout(Code::InvalidRequest.as_str());
+            answered(&app, Effect::Refund, Code::InvalidRequest.as_str());
             return problem.into_response();
         }
     };
@@ -67,32 +67,21 @@ pub async fn refund(
         Ok(authorized) => authorized,
         Err(problem) => return problem.into_response(),
     };
-    let mut fingerprint =
-        Fingerprint::of_refund(&order, checked.amount.as_deref(), checked.reason.as_deref())
-            .with_email(checked.email.as_ref());
-    if checked.email.is_none()
-        && let Some(email) = &email
-    {
-        fingerprint = fingerprint.noting("email", email.as_str());
-    }
-    if format == Format::Text {
-        fingerprint = fingerprint.noting("accept", "text/plain");
-    }
     // Above the caller's threshold the refund waits for a person, as a charge does.
     let amount = order.amount();
     let needs_approval = caller
         .approval_above(&app.settings().payments, amount.currency())
         .is_some_and(|above| amount.minor() > above.minor());
-    if needs_approval {
-        fingerprint = fingerprint.noting("approval", "required");
-    }
     let request = RefundRequest {
         order,
+        asked: checked.amount,
         reason: checked.reason,
+        email_from_receipt: checked.email.is_none() && email.is_some(),
         email,
         format,
         needs_approval,
     };
+    let fingerprint = OperationRef::Refund(&request).fingerprint();
     // A refund that may pause is keyed: its pause is rows.
     match client_key.or_else(|| needs_approval.then(OperationKey::mint)) {
         Some(key) => {
@@ -242,13 +231,14 @@ pub(crate) async fn run(
         email,
         format,
         needs_approval,
+        ..
     } = request;
     let mut ctx =
-        CheckoutContext::new(order, email, operation_key, &caller.name, fence).refunding(reason);
+        OperationContext::new(order, email, operation_key, &caller.name, fence).refunding(reason);
     if needs_approval {
         ctx = ctx.needing_approval();
     }
-    let result = app.assistant().checkout(ctx.clone()).await;
+    let result = app.assistant().run(ctx.clone()).await;
     if let Err(err) = &result
         && let Some(found) = err.kind.approval()
     {

@@ -7,16 +7,18 @@ use serde::Serialize;
 use utoipa::openapi::{RefOr, Response as DocResponse};
 use utoipa::{IntoResponses, ToSchema};
 
-use crate::assistant::{CheckoutContext, CheckoutError, CheckoutOutcome, FailureKind};
+use crate::assistant::{CheckoutError, CheckoutOutcome, FailureKind, OperationContext};
 use crate::caller::{AuthRefusal, Scope};
 use crate::http::answer::HttpAnswer;
 use crate::http::auth::forbidden;
 use crate::http::checkout::UsageView;
 use crate::http::error::{Code, Problem, documented};
 use crate::http::extract::Format;
+use crate::http::operation::answered;
 use crate::http::receipts::ReceiptView;
 use crate::http::state::AppState;
 use crate::outbox::Confirmation;
+use crate::payments::Effect;
 use crate::payments::store::Refund;
 
 /// A refund, as the API shows it.
@@ -91,7 +93,7 @@ pub struct RefundResponse {
 /// The answer of a refund's run: made (never an error once made), or why not.
 pub(super) async fn answer(
     app: &AppState,
-    ctx: &CheckoutContext,
+    ctx: &OperationContext,
     result: Result<CheckoutOutcome, CheckoutError>,
     format: Format,
 ) -> HttpAnswer {
@@ -124,7 +126,7 @@ pub(super) async fn answer(
         Ok(outcome) => outcome,
         Err(err) => {
             let problem = failure(app, ctx, &err).await;
-            app.metrics().checkout(problem.body.code.as_str());
+            answered(app, Effect::Refund, problem.body.code.as_str());
             return problem.answer();
         }
     };
@@ -135,7 +137,7 @@ pub(super) async fn answer(
         );
         return problem.answer();
     };
-    app.metrics().checkout("ok");
+    answered(app, Effect::Refund, "ok");
     tracing::info!(order = %refund.order_id, refund = %refund.id, refunded, attempts = outcome.attempts, "refund confirmed");
     let closing = std::mem::take(&mut outcome.closing);
     if format == Format::Text {
@@ -183,7 +185,7 @@ pub(super) async fn answer(
 }
 
 /// Why no refund was made.
-async fn failure(app: &AppState, ctx: &CheckoutContext, err: &CheckoutError) -> Problem {
+async fn failure(app: &AppState, ctx: &OperationContext, err: &CheckoutError) -> Problem {
     tracing::warn!(order = %ctx.order().id(), error = %err, "refund failed");
     if let Some(refused) = ctx.refused_refund() {
         let receipt = app.gateway().receipt(ctx.order().id()).await.ok().flatten();
