@@ -30,6 +30,21 @@ pub use refund::REFUND;
 pub const CHARGE: &str = "charge";
 pub const SEND_CONFIRMATION: &str = "send_confirmation";
 
+/// The tool that does `effect`: the call a paused operation waits on.
+pub const fn tool_of(effect: Effect) -> &'static str {
+    match effect {
+        Effect::Charge => CHARGE,
+        Effect::Refund => REFUND,
+    }
+}
+
+/// The effect a tool does, if it does one.
+pub fn effect_of(tool: &str) -> Option<Effect> {
+    Effect::ALL
+        .into_iter()
+        .find(|effect| tool_of(*effect) == tool)
+}
+
 /// What a tool call produced.
 pub struct ToolOutput {
     /// The tool message content sent back to the model (JSON).

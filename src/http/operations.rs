@@ -65,6 +65,16 @@ impl IntoResponses for OperationErrors {
     }
 }
 
+/// A saved 200: a checkout's answer or a refund's, as the operation's kind is. Only the
+/// document's: the answer served is the operation's saved bytes.
+#[derive(Serialize, ToSchema)]
+#[serde(untagged)]
+#[allow(dead_code, reason = "describes the saved answer; never built")]
+pub enum OperationResponse {
+    Checkout(super::checkout::CheckoutResponse),
+    Refund(super::refunds::RefundResponse),
+}
+
 /// An operation still running.
 #[derive(Serialize, ToSchema)]
 #[serde(rename_all = "camelCase")]
@@ -85,7 +95,7 @@ pub struct RunningResponse {
     params(("operationKey" = String, Path, description = "The operation's key"), OperationQuery),
     security(("api_key" = ["checkout"]), ("api_key" = ["read"])),
     responses(
-        (status = 200, description = "The operation's saved answer (its status may be any the checkout answers)", body = super::checkout::CheckoutResponse),
+        (status = 200, description = "The operation's saved answer: a checkout's or a refund's, as the operation is (its status may be any the operation answers)", body = OperationResponse),
         (status = 202, description = "Waiting for an approval, or running", body = super::checkout::PausedResponse),
         OperationErrors,
     )

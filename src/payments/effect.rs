@@ -14,6 +14,9 @@ pub enum Effect {
 }
 
 impl Effect {
+    /// Every effect, for what looks one up by another of its names.
+    pub const ALL: [Effect; 2] = [Effect::Charge, Effect::Refund];
+
     /// The name the database and the API use: `charge`, `refund`.
     pub const fn as_str(self) -> &'static str {
         match self {

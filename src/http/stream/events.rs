@@ -6,6 +6,7 @@ use std::fmt;
 
 use serde_json::{Value, json};
 
+use crate::assistant::tools;
 use crate::journal::Entry;
 use crate::model::wire::AssistantMessage;
 
@@ -117,15 +118,15 @@ pub fn of_step(thread: &str, entry: &Entry) -> Vec<AgUiEvent> {
     events
 }
 
-/// The `charge` call the journal's last answer asked for: the call a paused operation
-/// waits on.
+/// The call of the operation's effect (`charge`, `refund`) the journal's last answer
+/// asked for: the call a paused operation waits on.
 pub fn waiting_call(entries: &[Entry]) -> Option<String> {
     let answer = entries.iter().rev().find(|e| e.kind == "answer")?;
     let answer: AssistantMessage = serde_json::from_str(&answer.body).ok()?;
     answer
         .tool_calls?
         .into_iter()
-        .find(|c| c.function.name == "charge")
+        .find(|c| tools::effect_of(&c.function.name).is_some())
         .map(|c| c.id)
 }
 
