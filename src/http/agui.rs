@@ -266,12 +266,8 @@ async fn decide(
             .into_response();
         }
         Err(err) => {
-            return Problem::new(
-                Code::Unavailable,
-                format!("cannot read the approval: {err}"),
-            )
-            .retry_after(1)
-            .into_response();
+            return Problem::unavailable(format!("cannot read the approval: {err}"))
+                .into_response();
         }
     };
     // The new run goes on from the interrupt: it restates the answer that asked for the
@@ -290,12 +286,8 @@ async fn decide(
             None => Position::default(),
         },
         Err(err) => {
-            return Problem::new(
-                Code::Unavailable,
-                format!("cannot read the operation: {err}"),
-            )
-            .retry_after(1)
-            .into_response();
+            return Problem::unavailable(format!("cannot read the operation: {err}"))
+                .into_response();
         }
     };
     let tail = Tail {

@@ -73,11 +73,9 @@ where
                 Either::Right(Box::pin(async move {
                     match Box::pin(app.gate().look_up(&key)).await {
                         Ok(verdict) => pass(&app, verdict, request, inner).await,
-                        Err(err) => Ok(Problem::new(
-                            Code::Unavailable,
-                            format!("cannot check the API key: the database did not answer: {err}"),
-                        )
-                        .retry_after(1)
+                        Err(err) => Ok(Problem::unavailable(format!(
+                            "cannot check the API key: the database did not answer: {err}"
+                        ))
                         .into_response()),
                     }
                 }))

@@ -140,11 +140,7 @@ where
         )
         .retry_after(whole_seconds(retry_after))
         .into_response(),
-        Err(err) => Problem::new(
-            Code::Unavailable,
-            format!("cannot read the Idempotency-Key record: {err}; nothing was run"),
-        )
-        .retry_after(1)
+        Err(err) => Problem::unavailable(format!("cannot read the Idempotency-Key record: {err}; nothing was run"))
         .into_response(),
     })
 }

@@ -53,11 +53,7 @@ impl IntoResponses for OperationErrors {
             (
                 "`unavailable`: the database could not be reached",
                 vec![
-                    Problem::new(
-                        Code::Unavailable,
-                        "cannot read the operation: pool timed out while waiting for an open connection",
-                    )
-                    .retry_after(1),
+                    Problem::unavailable("cannot read the operation: pool timed out while waiting for an open connection"),
                 ],
             ),
         ]));
@@ -127,11 +123,8 @@ pub async fn get(
         Ok(None) => {
             Problem::new(Code::NotFound, format!("there is no operation {key:?}")).into_response()
         }
-        Err(err) => Problem::new(
-            Code::Unavailable,
-            format!("cannot read the operation: {err}"),
-        )
-        .retry_after(1)
-        .into_response(),
+        Err(err) => {
+            Problem::unavailable(format!("cannot read the operation: {err}")).into_response()
+        }
     }
 }

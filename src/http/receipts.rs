@@ -51,7 +51,7 @@ impl IntoResponses for ReceiptErrors {
 }
 
 fn unavailable(err: impl std::fmt::Display) -> Problem {
-    Problem::new(Code::Unavailable, format!("cannot read the receipt: {err}")).retry_after(1)
+    Problem::unavailable(format!("cannot read the receipt: {err}"))
 }
 
 #[utoipa::path(

@@ -179,12 +179,7 @@ pub(crate) async fn expire(app: &AppState, id: Uuid) -> HttpAnswer {
         Ok(Decided::Missing) => {
             Problem::new(Code::NotFound, format!("there is no approval {id}")).answer()
         }
-        Err(err) => Problem::new(
-            Code::Unavailable,
-            format!("cannot expire approval {id}: {err}"),
-        )
-        .retry_after(1)
-        .answer(),
+        Err(err) => Problem::unavailable(format!("cannot expire approval {id}: {err}")).answer(),
     }
 }
 

@@ -39,12 +39,7 @@ fn not_found(id: &str) -> Response {
 }
 
 fn unavailable(err: impl std::fmt::Display) -> Response {
-    Problem::new(
-        Code::Unavailable,
-        format!("cannot read the approvals: {err}"),
-    )
-    .retry_after(1)
-    .into_response()
+    Problem::unavailable(format!("cannot read the approvals: {err}")).into_response()
 }
 
 fn bad_id(id: &str) -> Response {

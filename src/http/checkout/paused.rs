@@ -210,20 +210,12 @@ pub(crate) async fn pause(
         )
         .retry_after(1)
         .answer(),
-        Ok(Paused::Decided(approval)) => Problem::new(
-            Code::Unavailable,
-            format!(
+        Ok(Paused::Decided(approval)) => Problem::unavailable(format!(
                 "approval {} was decided ({}) while this run paused; retry to go on with it",
                 approval.id, approval.status
-            ),
-        )
-        .retry_after(1)
+            ))
         .answer(),
-        Err(err) => Problem::new(
-            Code::Unavailable,
-            format!("cannot record the charge's approval: {err}; nothing was charged"),
-        )
-        .retry_after(1)
+        Err(err) => Problem::unavailable(format!("cannot record the charge's approval: {err}; nothing was charged"))
         .answer(),
     }
 }

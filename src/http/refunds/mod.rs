@@ -130,11 +130,7 @@ async fn authorize(
 ) -> Result<(Order, Option<crate::outbox::Recipient>), Problem> {
     let order_id = &checked.order_id;
     let unavailable = |err: crate::db::StoreError| {
-        Problem::new(
-            Code::Unavailable,
-            format!("cannot read the order's charge: {err}"),
-        )
-        .retry_after(1)
+        Problem::unavailable(format!("cannot read the order's charge: {err}"))
     };
     let not_charged = || {
         Problem::new(

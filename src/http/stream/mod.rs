@@ -398,12 +398,8 @@ pub async fn operation_events(
         Ok(Some(_)) => {}
         Ok(None) => return not_found(&key),
         Err(err) => {
-            return Problem::new(
-                Code::Unavailable,
-                format!("cannot read the operation: {err}"),
-            )
-            .retry_after(1)
-            .into_response();
+            return Problem::unavailable(format!("cannot read the operation: {err}"))
+                .into_response();
         }
     }
     let tail = Tail {
