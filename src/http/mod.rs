@@ -14,10 +14,12 @@ pub mod idempotent;
 pub mod metrics;
 pub mod operation;
 pub mod operations;
+pub mod paused;
 pub mod rate_limit;
 pub mod receipts;
 pub mod recovery;
 pub mod refunds;
+mod resume;
 pub mod schema;
 pub mod serve;
 pub mod state;
@@ -187,7 +189,7 @@ fn read_and_decide() -> OpenApiRouter<AppState> {
         .routes(routes!(refunds::refund))
         .routes(routes!(receipts::get_receipt))
         .routes(routes!(operations::get))
-        .routes(routes!(stream::operation_events))
+        .routes(routes!(operations::operation_events))
         .routes(routes!(approvals::list))
         .routes(routes!(approvals::get))
         .routes(routes!(approvals::approve))

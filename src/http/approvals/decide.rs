@@ -14,10 +14,10 @@ use crate::caller::{Caller, Scope};
 use crate::http::admission::Slot;
 use crate::http::answer::HttpAnswer;
 use crate::http::auth::require;
-use crate::http::checkout::{ApprovalView, denied_answer, expired_answer, saved};
 use crate::http::error::{Code, Problem};
 use crate::http::idempotent;
-use crate::http::operation::{Resume, ResumeError};
+use crate::http::paused::{ApprovalView, denied_answer, expired_answer, saved};
+use crate::http::resume::{Resume, ResumeError};
 use crate::http::state::AppState;
 use crate::idempotency::Lease;
 

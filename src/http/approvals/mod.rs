@@ -16,9 +16,10 @@ use serde::{Deserialize, Serialize};
 use utoipa::{IntoParams, ToSchema};
 use uuid::Uuid;
 
-use super::checkout::{self, ApprovalView};
+use super::checkout;
 use super::error::{Code, Problem};
 use super::extract::Params;
+use super::paused::ApprovalView;
 use super::state::AppState;
 use crate::approvals::Status;
 use crate::caller::{Caller, Scope};

@@ -4,18 +4,15 @@
 //! it writes in `outcome.rs`, the error examples of the API document in `examples.rs`.
 
 mod examples;
-mod input;
+pub(crate) mod input;
 mod outcome;
-mod paused;
 
+pub use crate::http::operation::CheckoutRequest;
 pub use examples::CheckoutErrors;
 pub use input::CheckoutQuery;
-pub use input::CheckoutRequest;
 use input::{order, recipient};
 pub use outcome::{CheckoutResponse, UsageView};
 use outcome::{failure, paid_anyway, success};
-pub use paused::{ApprovalView, PausedResponse};
-pub(crate) use paused::{denied_answer, expired_answer, pause, saved};
 
 use std::pin::Pin;
 use std::task::{Context, Poll};
@@ -34,6 +31,7 @@ use crate::http::error::Code;
 use crate::http::extract::{Format, IdempotencyKey, NoBody, Params};
 use crate::http::idempotent;
 use crate::http::operation::OperationRef;
+use crate::http::paused;
 use crate::http::state::AppState;
 use crate::http::stream;
 use crate::idempotency::Lease;

@@ -9,7 +9,8 @@
 mod input;
 mod outcome;
 
-pub use input::{RefundInput, RefundQuery, RefundRequest};
+pub use crate::http::operation::RefundRequest;
+pub use input::{RefundInput, RefundQuery};
 pub use outcome::{RefundErrors, RefundResponse, RefundView};
 
 use axum::extract::{Extension, State};
@@ -25,6 +26,7 @@ use crate::http::extract::Format;
 use crate::http::extract::IdempotencyKey;
 use crate::http::idempotent;
 use crate::http::operation::{OperationRef, answered};
+use crate::http::paused;
 use crate::http::state::AppState;
 use crate::idempotency::Lease;
 use crate::payments::{Effect, Money, OperationKey, Order, Receipt};
@@ -239,7 +241,7 @@ pub(crate) async fn run(
         && let Some(found) = err.kind.approval()
     {
         let found = found.cloned();
-        return Box::pin(crate::http::checkout::pause(app, &ctx, found)).await;
+        return Box::pin(paused::pause(app, &ctx, found)).await;
     }
     Box::pin(outcome::answer(app, &ctx, result, format)).await
 }

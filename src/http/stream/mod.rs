@@ -17,7 +17,7 @@ mod out;
 use std::convert::Infallible;
 use std::time::{Duration, Instant};
 
-use axum::extract::{Extension, FromRequestParts, Path, State};
+use axum::extract::FromRequestParts;
 use axum::http::HeaderMap;
 use axum::http::request::Parts;
 use axum::response::sse::{Event, KeepAlive, Sse};
@@ -35,11 +35,8 @@ use crate::journal::wake::Follow;
 use super::admission::Slot;
 use super::answer::HttpAnswer;
 use super::error::{Code, Problem};
-use super::extract::Params;
 use super::idempotent;
-use super::operations::{OperationErrors, OperationQuery};
 use super::state::AppState;
-use crate::caller::{Caller, Scope};
 use crate::db::StoreError;
 use crate::idempotency::{Fingerprint, Lease, Saved};
 use crate::payments::OperationKey;
@@ -347,70 +344,6 @@ fn problem(code: Code, detail: String) -> (u16, Vec<u8>) {
     let problem = Problem::new(code, detail);
     let body = serde_json::to_vec(&*problem.body).unwrap_or_default();
     (problem.body.status, body)
-}
-
-#[utoipa::path(
-    get,
-    path = "/operations/{operationKey}/events",
-    operation_id = "getOperationEvents",
-    tag = "checkout",
-    summary = "An operation's steps as AG-UI events, resumed after Last-Event-ID",
-    description = "Server-Sent Events in the AG-UI protocol (docs/streaming.md): what the operation's journal holds after `Last-Event-ID` (everything, from `RUN_STARTED`, without it), then its steps live as it runs, on any instance, then its answer as `RUN_FINISHED` (or `RUN_ERROR`). Nothing is run: a dropped stream resumed here never runs the loop or the charge again.",
-    params(
-        ("operationKey" = String, Path, description = "The operation's key"),
-        ("Last-Event-ID" = Option<String>, Header, nullable = false, description = "The id of the last event received: `STEP` or `STEP.SUB`", pattern = r"^[0-9]{1,18}(\.[0-9]{1,18})?$"),
-        OperationQuery
-    ),
-    security(("api_key" = ["checkout"]), ("api_key" = ["read"])),
-    responses(
-        (status = 200, description = "The operation's events", content_type = "text/event-stream", body = StreamEvent),
-        OperationErrors,
-    )
-)]
-pub async fn operation_events(
-    State(app): State<AppState>,
-    Extension(caller): Extension<Caller>,
-    Path(key): Path<String>,
-    headers: HeaderMap,
-    Params(query): Params<OperationQuery>,
-) -> Response {
-    let owner = match query.caller {
-        Some(owner) if owner != caller.name && !caller.has(Scope::Read) => {
-            return not_found(&key);
-        }
-        Some(owner) => owner,
-        None => caller.name,
-    };
-    let after = match headers.get("last-event-id").map(|v| v.to_str()) {
-        None => None,
-        Some(text) => match text.ok().and_then(Position::parse) {
-            Some(at) => Some(at),
-            None => {
-                return Problem::invalid(
-                    "Last-Event-ID",
-                    "Last-Event-ID is the id of an event of this stream: STEP or STEP.SUB",
-                )
-                .into_response();
-            }
-        },
-    };
-    match app.records().status(&owner, &key).await {
-        Ok(Some(_)) => {}
-        Ok(None) => return not_found(&key),
-        Err(err) => {
-            return Problem::unavailable(format!("cannot read the operation: {err}"))
-                .into_response();
-        }
-    }
-    let tail = Tail {
-        after,
-        ..Tail::new(&app, &owner, &key, key.clone())
-    };
-    respond(tail, Finish::Record)
-}
-
-fn not_found(key: &str) -> Response {
-    Problem::new(Code::NotFound, format!("there is no operation {key:?}")).into_response()
 }
 
 /// Runs `work` once for `key` as [`idempotent::once`] does, and answers its events: live
