@@ -382,18 +382,3 @@ pub(crate) fn lease_of(caller: &str, key: &str, fence: i64) -> Lease {
         fence,
     }
 }
-
-/// Deletes expired records (and what expires with them, [`Records::sweep`]) every
-/// `every`, for as long as the service runs.
-pub async fn sweep_forever(store: Records, every: Duration, ttl: Duration) {
-    let mut tick = tokio::time::interval(every);
-    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-    loop {
-        tick.tick().await;
-        match store.sweep(ttl).await {
-            Ok(0) => {}
-            Ok(n) => tracing::debug!(removed = n, "swept expired Idempotency-Keys"),
-            Err(err) => tracing::warn!(error = %err, "cannot sweep expired Idempotency-Keys"),
-        }
-    }
-}
