@@ -13,7 +13,8 @@ use tokio::sync::oneshot;
 
 use crate::approvals::Approvals;
 use crate::assistant::{self, AgentLoop, Assistant, LoopLimits, Memory, ToolBox};
-use crate::caller::{self, AuthMode};
+use crate::caller;
+use crate::config::AuthMode;
 use crate::config::{ModelSource, Settings};
 use crate::db::{self, Database, OpenError};
 use crate::http::admission::Admission;
