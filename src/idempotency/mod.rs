@@ -24,6 +24,7 @@ use records::{Completion, Completions, Inserts, NewRecord};
 use renewals::{Renewal, Renewals};
 
 use crate::db::{Database, GroupWriter, StoreError};
+use crate::journal::wake::Wake;
 use crate::journal::{self, NewEntry};
 use crate::outbox::{self, Recipient};
 use crate::payments::Order;
@@ -137,12 +138,13 @@ pub struct Records {
 }
 
 impl Records {
-    /// Starts the group writers' tasks: call within the runtime.
-    pub fn new(db: &Database) -> Records {
+    /// Starts the group writers' tasks: call within the runtime. `wake`: the streams to
+    /// tell when an operation completes.
+    pub fn new(db: &Database, wake: &Arc<Wake>) -> Records {
         Records {
             db: db.clone(),
             inserts: GroupWriter::start(db, Inserts),
-            completions: GroupWriter::start(db, Completions(db.wake().clone())),
+            completions: GroupWriter::start(db, Completions(wake.clone())),
             renewals: GroupWriter::start(db, Renewals),
             renewal_turns: Arc::new(Semaphore::new(2 * db.max_connections() as usize)),
         }
