@@ -59,7 +59,7 @@ pub struct Database {
     /// writes whole, but two services sharing one file would each believe its pool and its
     /// idempotency leases are the only ones. So the file is locked for the process lifetime.
     _lock: Option<Arc<File>>,
-    /// The one writer of every table's groups (`group.rs`), started with the first
+    /// The one writer of every table's groups (`group/`), started with the first
     /// table's; weak, so that it ends with the tables' writers.
     writer: Arc<std::sync::Mutex<Option<WeakWriter>>>,
     /// The SQLite file, for the writer's own connection.
