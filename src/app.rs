@@ -5,6 +5,7 @@ mod announce;
 
 use std::future::Future;
 use std::net::SocketAddr;
+use std::sync::Arc;
 use std::time::Duration;
 
 use axum::Router;
@@ -13,8 +14,8 @@ use tokio::sync::oneshot;
 
 use crate::approvals::Approvals;
 use crate::assistant::{self, AgentLoop, Assistant, LoopLimits, Memory, ToolBox};
-use crate::caller::{self, AuthMode};
-use crate::config::{ModelSource, Settings};
+use crate::caller;
+use crate::config::{AuthMode, ModelSource, Settings};
 use crate::db::{self, Database, OpenError};
 use crate::http::admission::Admission;
 use crate::http::rate_limit::RateLimit;
@@ -22,6 +23,7 @@ use crate::http::serve::{self, ConnectionLimits};
 use crate::http::{self, AppState, ModelInfo, Parts};
 use crate::idempotency::Records;
 use crate::journal::Journal;
+use crate::journal::wake::Wake;
 use crate::metrics::Metrics;
 use crate::model::scripted::{self, Script, ScriptedModel};
 use crate::model::{ClientSettings, LiveOps, ModelChain, ModelClient, ModelEndpoint};
@@ -108,13 +110,16 @@ impl App {
             ),
             breakers: chain.breakers(),
         };
+        // One registry of the streams that follow operations here, told by every store
+        // that commits journal rows.
+        let wake = Arc::new(Wake::default());
         let gateway = match settings.stripe() {
             Some(stripe) => PaymentGateway::with_provider(
-                Receipts::new(&db),
+                Receipts::new(&db, &wake),
                 Intents::new(&db),
                 Stripe::new(&stripe, &metrics).map_err(StartError::PaymentProvider)?,
             ),
-            None => PaymentGateway::new(Receipts::new(&db)),
+            None => PaymentGateway::new(Receipts::new(&db, &wake)),
         };
         let limits = LoopLimits {
             max_rounds: settings.assistant.max_rounds,
@@ -122,11 +127,11 @@ impl App {
             max_tokens: assistant::MAX_TOKENS,
         };
         let memory = Memory::new(
-            settings.assistant.journal.then(|| Journal::new(&db)),
+            settings.assistant.journal.then(|| Journal::new(&db, &wake)),
             settings.idempotency.ttl,
         );
         let outbox = Outbox::new(&db, settings.mail.from.clone());
-        let records = Records::new(&db);
+        let records = Records::new(&db, &wake);
         let transport = MailTransport::new(&settings.mail).map_err(StartError::Mail)?;
         let approvals = Approvals::new(&db, settings.payments.approval_ttl);
         let tools = ToolBox::new(
@@ -204,6 +209,7 @@ impl App {
             admission,
             rate_limit,
             live,
+            wake,
         });
         if recovering {
             workers.spawn(http::recovery::Recovery(state.clone()));

@@ -1,7 +1,8 @@
 //! The start-up lines: what the service is about to do, said once, before it listens.
 //! The resilience chain is numbered outermost first, each layer with its unit and numbers.
 
-use crate::caller::{self, AuthMode};
+use crate::caller;
+use crate::config::AuthMode;
 use crate::config::Settings;
 use crate::db::Database;
 use crate::http::ModelInfo;

@@ -20,7 +20,6 @@ use std::path::PathBuf;
 use std::time::Duration;
 
 use crate::assistant::LoopRetrySettings;
-use crate::caller::AuthMode;
 use crate::db::PoolSettings;
 use crate::model::scripted::FaultRule;
 use crate::model::{BreakerSettings, ModelEndpoint, RequestRetrySettings, TransportSettings};
@@ -66,6 +65,37 @@ pub struct ServerSettings {
     pub body_limit_bytes: usize,
     /// When a caller must send an API key (`CHECKOUT_AUTH`).
     pub auth: AuthMode,
+}
+
+/// `CHECKOUT_AUTH`: when a caller must send an API key.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum AuthMode {
+    /// Open while no API key exists (a revoked one counts) and only on a loopback
+    /// address; keys required once one exists.
+    Auto,
+    /// A valid key on every request, even while none exists.
+    Required,
+    /// Open on any address: no key is asked for or read.
+    Off,
+}
+
+impl AuthMode {
+    pub fn parse(v: &str) -> Result<AuthMode, String> {
+        match v {
+            "auto" => Ok(AuthMode::Auto),
+            "required" => Ok(AuthMode::Required),
+            "off" => Ok(AuthMode::Off),
+            _ => Err(format!("{v:?} is none of auto, required, off")),
+        }
+    }
+
+    pub fn as_str(self) -> &'static str {
+        match self {
+            AuthMode::Auto => "auto",
+            AuthMode::Required => "required",
+            AuthMode::Off => "off",
+        }
+    }
 }
 
 #[derive(Clone, Debug)]

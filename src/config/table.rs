@@ -4,8 +4,7 @@ use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::time::Duration;
 
-use super::{PaymentProvider, Settings};
-use crate::caller::AuthMode;
+use super::{AuthMode, PaymentProvider, Settings};
 use crate::model::scripted::FaultRule;
 use crate::outbox::MailSettings;
 use crate::payments::PerCurrency;

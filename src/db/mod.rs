@@ -25,8 +25,6 @@ use sqlx::sqlite::{
     SqliteConnectOptions, SqliteJournalMode, SqlitePool, SqlitePoolOptions, SqliteSynchronous,
 };
 
-use crate::journal::wake::Wake;
-
 pub use batch::{Batch, PgBatch, PgBinder, PgPart, Returned};
 pub use conn::{BeginWrite, Conn, Pooled};
 pub use error::StoreError;
@@ -61,10 +59,7 @@ pub struct Database {
     /// writes whole, but two services sharing one file would each believe its pool and its
     /// idempotency leases are the only ones. So the file is locked for the process lifetime.
     _lock: Option<Arc<File>>,
-    /// The streams of this process that follow an operation's journal, woken when its
-    /// rows commit here.
-    wake: Arc<Wake>,
-    /// The one writer of every table's groups (`group.rs`), started with the first
+    /// The one writer of every table's groups (`group/`), started with the first
     /// table's; weak, so that it ends with the tables' writers.
     writer: Arc<std::sync::Mutex<Option<WeakWriter>>>,
     /// The SQLite file, for the writer's own connection.
@@ -158,7 +153,6 @@ impl Database {
             Ok(Database {
                 pool: Pool::Postgres(pg),
                 _lock: None,
-                wake: Arc::default(),
                 writer: Arc::default(),
                 sqlite_file: None,
             })
@@ -203,18 +197,12 @@ impl Database {
             Ok(Database {
                 pool: Pool::Sqlite(sqlite),
                 _lock: Some(lock),
-                wake: Arc::default(),
                 writer: Arc::default(),
                 sqlite_file: Some(Arc::new(sqlite_file)),
             })
         } else {
             Err(OpenError::Scheme(url.chars().take(40).collect()))
         }
-    }
-
-    /// The registry that wakes this process's streams when journal rows commit.
-    pub fn wake(&self) -> &Arc<Wake> {
-        &self.wake
     }
 
     /// The one writer of every table's groups, started with the first table's.

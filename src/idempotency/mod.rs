@@ -24,6 +24,7 @@ use records::{Completion, Completions, Inserts, NewRecord};
 use renewals::{Renewal, Renewals};
 
 use crate::db::{Database, GroupWriter, StoreError};
+use crate::journal::wake::Wake;
 use crate::journal::{self, NewEntry};
 use crate::outbox;
 
@@ -84,12 +85,13 @@ pub struct Records {
 }
 
 impl Records {
-    /// Starts the group writers' tasks: call within the runtime.
-    pub fn new(db: &Database) -> Records {
+    /// Starts the group writers' tasks: call within the runtime. `wake`: the streams to
+    /// tell when an operation completes.
+    pub fn new(db: &Database, wake: &Arc<Wake>) -> Records {
         Records {
             db: db.clone(),
             inserts: GroupWriter::start(db, Inserts),
-            completions: GroupWriter::start(db, Completions(db.wake().clone())),
+            completions: GroupWriter::start(db, Completions(wake.clone())),
             renewals: GroupWriter::start(db, Renewals),
             renewal_turns: Arc::new(Semaphore::new(2 * db.max_connections() as usize)),
         }
@@ -327,20 +329,5 @@ pub(crate) fn lease_of(caller: &str, key: &str, fence: i64) -> Lease {
         caller: caller.to_owned(),
         key: key.to_owned(),
         fence,
-    }
-}
-
-/// Deletes expired records (and what expires with them, [`Records::sweep`]) every
-/// `every`, for as long as the service runs.
-pub async fn sweep_forever(store: Records, every: Duration, ttl: Duration) {
-    let mut tick = tokio::time::interval(every);
-    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-    loop {
-        tick.tick().await;
-        match store.sweep(ttl).await {
-            Ok(0) => {}
-            Ok(n) => tracing::debug!(removed = n, "swept expired Idempotency-Keys"),
-            Err(err) => tracing::warn!(error = %err, "cannot sweep expired Idempotency-Keys"),
-        }
     }
 }

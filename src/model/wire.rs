@@ -5,6 +5,10 @@
 use serde::{Deserialize, Serialize};
 use serde_json::value::RawValue;
 
+/// The most tool calls taken from one answer (a checkout needs two at most): an answer
+/// with more cannot be used, and the next endpoint is asked.
+pub const MAX_TOOL_CALLS: usize = 16;
+
 #[derive(Clone, Debug, Serialize, Deserialize)]
 pub struct ChatRequest {
     pub model: String,

@@ -128,7 +128,7 @@ impl Tail {
     /// unseen.
     pub fn new(app: &AppState, owner: &str, key: &str, run_id: String) -> Tail {
         Tail {
-            follow: app.db().wake().follow(owner, key),
+            follow: app.wake().follow(owner, key),
             fresh: false,
             app: app.clone(),
             owner: owner.to_owned(),

@@ -15,12 +15,15 @@ pub use intents::{Intent, IntentStatus, Intents};
 pub use receipts::Receipt;
 pub use refunds::{NewRefund, Refund, RefundOutcome, RefundStatus, Refunded, Refunds};
 
+use std::sync::Arc;
+
 use chrono::{SubsecRound, Utc};
 use uuid::Uuid;
 
 use super::keys::{Charge, OrderId};
 use crate::db::{BeginWrite, Conn, Database, GroupWriter, StoreError, on_conn};
 use crate::journal::NewEntry;
+use crate::journal::wake::Wake;
 use crate::payments::money::Money;
 use budgets::Reservation;
 use receipts::{ChargeRow, Charges};
@@ -44,13 +47,16 @@ pub enum ChargeOutcome {
 pub struct Receipts {
     db: Database,
     writer: GroupWriter<Charges>,
+    /// The streams to tell when a charge's or a refund's journal rows commit.
+    wake: Arc<Wake>,
 }
 
 impl Receipts {
-    pub fn new(db: &Database) -> Receipts {
+    pub fn new(db: &Database, wake: &Arc<Wake>) -> Receipts {
         Receipts {
             db: db.clone(),
-            writer: GroupWriter::start(db, Charges(db.wake().clone())),
+            writer: GroupWriter::start(db, Charges(wake.clone())),
+            wake: wake.clone(),
         }
     }
 
@@ -110,7 +116,7 @@ impl Receipts {
 
     /// The refunds of the same database.
     pub fn refunds(&self) -> Refunds {
-        Refunds::new(&self.db)
+        Refunds::new(&self.db, &self.wake)
     }
 
     pub async fn receipt(&self, order: &OrderId) -> Result<Option<Receipt>, StoreError> {

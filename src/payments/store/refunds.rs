@@ -6,10 +6,13 @@
 //! finds it), then the journal entries of its tool result. Every statement is one text
 //! for both databases; only the id's and time's types are bound per driver.
 
+use std::sync::Arc;
+
 use chrono::{DateTime, SecondsFormat, SubsecRound, Utc};
 use uuid::Uuid;
 
 use crate::db::{BeginWrite, Conn, Database, StoreError, on_conn};
+use crate::journal::wake::Wake;
 use crate::journal::{self, NewEntry};
 use crate::payments::keys::OrderId;
 use crate::payments::money::{Currency, Money, decimal_minor};
@@ -157,11 +160,16 @@ const SETTLE: &str = "\
 #[derive(Clone, Debug)]
 pub struct Refunds {
     db: Database,
+    /// The streams to tell when a refund's journal rows commit.
+    wake: Arc<Wake>,
 }
 
 impl Refunds {
-    pub fn new(db: &Database) -> Refunds {
-        Refunds { db: db.clone() }
+    pub fn new(db: &Database, wake: &Arc<Wake>) -> Refunds {
+        Refunds {
+            db: db.clone(),
+            wake: wake.clone(),
+        }
     }
 
     /// Makes `refund` once: this operation's refund if it has one, else the amount
@@ -210,7 +218,7 @@ impl Refunds {
                 if id {
                     journal::insert_in(Conn::from(&mut *tx), &entries).await?;
                     tx.commit().await?;
-                    self.db.wake().committed(&entries);
+                    self.wake.committed(&entries);
                 } else {
                     tx.rollback().await?;
                 }
@@ -280,7 +288,7 @@ impl Refunds {
             }
             tx.commit().await?;
             if moved && status == RefundStatus::Succeeded {
-                self.db.wake().committed(entries);
+                self.wake.committed(entries);
             }
             Ok(moved)
         })
