@@ -24,6 +24,7 @@ pub mod schema;
 pub mod serve;
 pub mod state;
 pub mod stream;
+pub mod views;
 
 use std::time::Duration;
 

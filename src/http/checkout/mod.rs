@@ -8,10 +8,11 @@ pub(crate) mod input;
 mod outcome;
 
 pub use crate::http::operation::CheckoutRequest;
+pub use crate::http::views::UsageView;
 pub use examples::CheckoutErrors;
 pub use input::CheckoutQuery;
 use input::{order, recipient};
-pub use outcome::{CheckoutResponse, UsageView};
+pub use outcome::CheckoutResponse;
 use outcome::{failure, paid_anyway, success};
 
 use std::pin::Pin;

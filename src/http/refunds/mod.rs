@@ -10,8 +10,9 @@ mod input;
 mod outcome;
 
 pub use crate::http::operation::RefundRequest;
+pub use crate::http::views::RefundView;
 pub use input::{RefundInput, RefundQuery};
-pub use outcome::{RefundErrors, RefundResponse, RefundView};
+pub use outcome::{RefundErrors, RefundResponse};
 
 use axum::extract::{Extension, State};
 use axum::response::{IntoResponse, Response};
