@@ -2,26 +2,22 @@
 //! The resilience chain is numbered outermost first, each layer with its unit and numbers.
 
 use crate::caller;
-use crate::config::AuthMode;
-use crate::config::Settings;
+use crate::config::{self, AuthMode, Settings};
 use crate::db::Database;
 use crate::http::ModelInfo;
 use crate::http::serve::{ASSUMED_DESCRIPTORS, Bounds, Descriptors};
 use crate::model::ModelChain;
 use crate::outbox::MailTransport;
 
-/// Memory one waiting loop holds, measured (benchmark figure 2, docs/benchmark.md): what
-/// the bound on loops stands for. Over `http://` the model requests go on connections of
-/// the `h2` crate's own: 14 KB a loop; over HTTP/1.1, a connection each way through
-/// hyper-util's pooled client, 53 KB; to an `https://` provider through that client's
-/// HTTP/2, 21 KB.
+/// Memory one waiting loop holds, as figure 2 measured it (`config::BYTES_PER_LOOP_*`):
+/// what the bound on loops stands for.
 fn bytes_per_loop(settings: &Settings, bounds: &Bounds) -> usize {
     if bounds.per_loop > 1 {
-        53 * 1000
+        config::BYTES_PER_LOOP_HTTP1
     } else if settings.model_over_https() {
-        21 * 1000
+        config::BYTES_PER_LOOP_HTTPS
     } else {
-        14 * 1000
+        config::BYTES_PER_LOOP_H2C
     }
 }
 

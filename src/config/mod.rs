@@ -210,11 +210,21 @@ pub struct OverloadSettings {
     pub max_connections: usize,
 }
 
-/// The default bound on loops: 10,000 x ~14 KB per waiting loop over HTTP/2 and h2c
-/// (benchmark figure 2, docs/benchmark.md) ~= 140 MB over the base, 146 to 152 MiB
-/// resident in all as measured at 10,000 in flight (~21 KB a loop to an `https://`
-/// provider; about 47 KB over HTTP/1.1, a connection each).
+/// The default bound on loops: what 10,000 loops hold ([`BYTES_PER_LOOP_H2C`] each over
+/// h2c) fits a small instance, as figure 2 of docs/benchmark.md checks at 10,000 in
+/// flight.
 pub const DEFAULT_MAX_IN_FLIGHT: usize = 10_000;
+
+/// Memory one waiting loop holds, by how its model requests travel: what the start-up
+/// line multiplies the bound on loops by. Measured by figure 2 of docs/benchmark.md
+/// (`cargo run --release -p checkout-bench -- --only loops`, `--http1` for HTTP/1.1,
+/// `https://` against a TLS model server); update them from its latest run, here only.
+/// Over `http://`, the `h2` crate's own connections.
+pub const BYTES_PER_LOOP_H2C: usize = 12_600;
+/// To an `https://` provider, through hyper-util's pooled client's HTTP/2.
+pub const BYTES_PER_LOOP_HTTPS: usize = 21_000;
+/// Over HTTP/1.1, a connection each way.
+pub const BYTES_PER_LOOP_HTTP1: usize = 47_000;
 
 impl OverloadSettings {
     /// The burst the rate limit allows (twice the rate unless set).

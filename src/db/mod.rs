@@ -119,9 +119,8 @@ pub enum OpenError {
 /// Statements are logged (at debug) only when the log takes debug lines at all. Else sqlx
 /// asks whether its line is wanted after every statement, through tracing-log and the
 /// per-layer filters, is told yes, and builds the statement's summary for a line nobody
-/// writes (about 1 % of a keyless checkout's instructions on Postgres: 472,002 -> 467,777
-/// by scripts/callgrind-profile). Slow statements stay logged at warn (sqlx's default:
-/// over 1 s).
+/// writes (`scripts/callgrind-profile` counts it in a keyless checkout's instructions).
+/// Slow statements stay logged at warn (sqlx's default: over 1 s).
 fn statement_level() -> log::LevelFilter {
     match crate::telemetry::debug_logs() {
         true => log::LevelFilter::Debug,

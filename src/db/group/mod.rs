@@ -17,9 +17,8 @@
 //! which writes one transaction at a time and whose every commit waits for the disk, as
 //! one transaction ([`Batch`]), which the writer runs itself, on a thread and a connection
 //! of its own ([`Batch::run`]). On Postgres each table's group had been a statement of
-//! its own, on a connection of its own: at 64 keyed checkouts in flight, 0.39 statements
-//! a checkout, each some 125 µs of Postgres's CPU and as much of the service's beyond
-//! what its rows cost (issue 34).
+//! its own, on a connection of its own, and a statement costs Postgres's CPU and the
+//! service's far beyond what its rows cost (figure 13, docs/benchmark.md).
 
 mod postgres;
 mod sqlite;
@@ -160,9 +159,9 @@ type Answer<O> = oneshot::Sender<Result<O, StoreError>>;
 /// On SQLite the writer is a thread with a connection of its own, with rusqlite: with
 /// sqlx's calls on the pool's one connection, every statement (and then every
 /// transaction, as one command) was a round trip between a task of the runtime and sqlx's
-/// thread for the connection, each side waking the other and waiting for a core (issue
-/// 34: at 64 keyed checkouts in flight, the writer's task waited some 0.65 ms a
-/// transaction for a worker), and readers waited for the writer's transactions.
+/// thread for the connection, each side waking the other and waiting for a core (at 64
+/// keyed checkouts in flight the writer's task waited for a worker every transaction,
+/// figure 13), and readers waited for the writer's transactions.
 /// Statements on the pool's connection that write take the lock at once (`BEGIN
 /// IMMEDIATE`, `db::BeginWrite`) and wait for the writer's transaction, as the writer's
 /// does for theirs. On Postgres it is a task of the runtime, with a connection it keeps.

@@ -76,19 +76,18 @@ async fn write_statement(
 /// table's primary key. Postgres plans a prepared statement once per connection and keeps
 /// that plan until the table is next analyzed; planned while the table was small (a new
 /// database, the first seconds under load), the plan scanned the whole table for every
-/// row of the group, and kept doing so as the table grew: a saved answer's group took
-/// 30-60 ms at 20,000 records (issue 34; autovacuum, which analyzes, may be off or
-/// behind). With sequential scans off on the connection the writer keeps, the kept plan
+/// row of the group, and kept doing so as the table grew, a group's time growing with the
+/// table's rows (autovacuum, which analyzes, may be off or behind). With sequential scans off on the connection the writer keeps, the kept plan
 /// probes by key whatever the table's size was when it was made (a pool of one
 /// connection, which the writer does not keep, goes without). Planning every execution
-/// afresh (`plan_cache_mode = force_custom_plan`) also mends it, at 60-100 µs of
-/// Postgres's CPU a keyed checkout.
+/// afresh (`plan_cache_mode = force_custom_plan`) also mends it, at a plan's CPU every
+/// keyed checkout.
 const BY_KEY: &str = "SET enable_seqscan = off";
 
 /// The connection of Postgres's writer, which it keeps when the pool has others to spare.
 /// Taking one from the pool for every statement had the pool open new ones as load rose,
-/// and opening one with TLS took sqlx about 90 ms here (2–4 ms without; sqlx 0.9.0 left
-/// Nagle on, vendor/README.md), a stall that every row of the statement waited out.
+/// and opening one with TLS is slow (sqlx 0.9.0 left Nagle on, vendor/README.md), a stall
+/// that every row of the statement waited out.
 struct PgWriterConn {
     db: Database,
     kept: Option<Pooled>,
@@ -120,7 +119,7 @@ impl PgWriterConn {
             .clone();
         // Kept only after a success: a connection that failed a statement is let go. The
         // statement's future is boxed: some kilobytes, moved into each future around it
-        // unboxed (a lone keyed checkout copied some 45 KB, callgrind).
+        // unboxed (`scripts/callgrind-profile` counts the copies).
         let written = Box::pin(batch.run_text(c, text)).await;
         self.suspect = written.is_err();
         let written = written?;

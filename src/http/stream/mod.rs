@@ -180,8 +180,8 @@ async fn follow(tail: Tail, mut finish: Finish, out: Out) {
     let mut live = Live::watch(tail.app.live(), &tail.owner, &tail.key);
     let mut follow = tail.follow;
     // The charge call an approval waits on, in the journal as last read (the last event
-    // names it): the rows themselves are not kept while the stream waits (kept, they
-    // were some 1.1 KB a waiting stream, bench figure 12).
+    // names it): the rows themselves are not kept while the stream waits (bench figure
+    // 12).
     let mut call = None;
     // The operation runs here and nothing of it committed since the last read (or it
     // has none yet): the rows are those read, and their events are sent.
@@ -297,9 +297,9 @@ async fn follow(tail: Tail, mut finish: Finish, out: Out) {
 }
 
 /// Journal reads of this process's streams at once. The others wait their turn before
-/// their read's future is made: it is some 2.7 KB, and when the first round ends for
-/// 10,000 streams within a second, each woken by its charge's commit, their reads queued
-/// on the pool's connections each held one (bench figure 12, heaptrack at the peak).
+/// their read's future is made: when the first round ends for 10,000 streams within a
+/// second, each woken by its charge's commit, their reads queued on the pool's
+/// connections each held one (bench figure 12, heaptrack at the peak).
 const READS_AT_ONCE: usize = 64;
 static READS: tokio::sync::Semaphore = tokio::sync::Semaphore::const_new(READS_AT_ONCE);
 
@@ -352,8 +352,8 @@ fn problem(code: Code, detail: String) -> (u16, Vec<u8>) {
 ///
 /// Not an `async fn`: the task starts here, and what waits for its claim is the tail, the
 /// task's handle and the claim's answer, where an `async fn` kept its arguments (the
-/// work's captures, the fingerprint, the keys) beside them, some 650 B more a request
-/// while thousands of claims queue (bench figure 12).
+/// work's captures, the fingerprint, the keys) beside them while thousands of claims
+/// queue (bench figure 12).
 pub fn once<F>(
     app: AppState,
     caller: String,

@@ -103,7 +103,7 @@ impl Receipts {
         // The insert lost to an earlier or concurrent charge. Under READ COMMITTED this
         // read is a new statement with a fresh snapshot, so it sees the winner's row even
         // when the winner committed while our insert was waiting on it. Boxed: inline, the
-        // statement's future (some 14 KB) would be in every charge's, and so in every loop's.
+        // statement's future would be in every charge's, and so in every loop's (figure 2).
         let existing = Box::pin(self.receipt(order_id))
             .await?
             .ok_or_else(|| StoreError::Corrupt(format!("receipt for {order_id} vanished")))?;
