@@ -1,7 +1,7 @@
 //! An operation paused for a person's approval (docs/approvals.md): the loop stopped at
-//! its effect (a charge, a refund), and [`pause`] records the approval and saves the operation's 202 in one
-//! transaction; the views of an approval, and the operation's answers once it is denied
-//! or expires, which the approvals endpoints (`http::approvals`) write.
+//! its effect (a charge, a refund), and `pause` records the approval and saves the
+//! operation's 202 in one transaction; the views of an approval, and the operation's
+//! answers once it is denied or expires, which the decisions (`http::approvals`) write.
 
 use axum::http::StatusCode;
 use serde::{Deserialize, Serialize};

@@ -9,7 +9,7 @@ use crate::payments::Order;
 
 /// A checkout as the handler took it, checked: what every run of its operation starts
 /// from (the client's, a resume after a person's approval, the recovery sweep's). Kept
-/// in its operation's record as [`Recorded`], read back through the same checks.
+/// in its operation's record as `Recorded`, read back through the same checks.
 #[derive(Clone, Debug, Deserialize)]
 #[serde(try_from = "Recorded")]
 pub struct CheckoutRequest {

@@ -7,7 +7,7 @@ use crate::outbox::Recipient;
 use crate::payments::{Currency, Money, Order, OrderId};
 
 /// A refund as the handler took it, checked and authorized: what every run of its
-/// operation starts from. Kept in its operation's record as [`Recorded`].
+/// operation starts from. Kept in its operation's record as `Recorded`.
 #[derive(Clone, Debug, Deserialize)]
 #[serde(try_from = "Recorded")]
 pub struct RefundRequest {
