@@ -28,6 +28,7 @@ use crate::payments::PerCurrency;
 use crate::payments::stripe::StripeSettings;
 use crate::secret::Secret;
 use crate::telemetry::LogFormat;
+use crate::webhooks::WebhookSettings;
 
 pub const DEFAULT_CONFIG: &str = "config/default.toml";
 pub const OPENAI_BASE_URL: &str = "https://api.openai.com/v1";
@@ -53,6 +54,8 @@ pub struct Settings {
     pub scripted: ScriptedSettings,
     /// The confirmation email: where it goes, from whom, how it is retried.
     pub mail: MailSettings,
+    /// The operator's webhook endpoint: which events, signed how, retried when.
+    pub webhooks: WebhookSettings,
     pub log_format: LogFormat,
 }
 
@@ -337,6 +340,7 @@ impl Default for Settings {
                 backoff_min: Duration::from_millis(1_000),
                 backoff_max: Duration::from_millis(300_000),
             },
+            webhooks: WebhookSettings::default(),
             log_format: LogFormat::Text,
         }
     }

@@ -72,6 +72,11 @@ impl From<&Approval> for ApprovalView {
     }
 }
 
+/// The approval events' `data`: the approval as the API shows it.
+pub(crate) fn approval_event(approval: &Approval) -> serde_json::Value {
+    serde_json::to_value(ApprovalView::from(approval)).expect("a view serializes")
+}
+
 /// A checkout paused for a person's approval (202).
 #[derive(Serialize, Deserialize, ToSchema)]
 #[serde(rename_all = "camelCase")]

@@ -32,4 +32,5 @@ mod scopes;
 mod store_contract;
 mod streaming;
 mod traces;
+mod webhooks;
 mod workers;
