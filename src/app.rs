@@ -30,7 +30,7 @@ use crate::model::{ClientSettings, LiveOps, ModelChain, ModelClient, ModelEndpoi
 use crate::outbox::{Dispatcher, MailTransport, Outbox};
 use crate::payments::stripe::Stripe;
 use crate::payments::{Intents, PaymentGateway, Receipts};
-use crate::webhooks::Announce;
+use crate::webhooks::{Announce, Deliverer, Deliveries};
 use crate::worker::{self, Worker, Workers, every};
 
 /// Why the service could not start.
@@ -173,6 +173,9 @@ impl App {
         announce::endpoints(&settings, &chain);
         announce::callers(&settings, keys_exist);
         announce::mail(&settings, &transport);
+        announce::webhooks(&settings);
+        let deliverer = Deliverer::new(Deliveries::new(&db), &settings.webhooks, &metrics)
+            .map_err(StartError::Setting)?;
         announce::recovery(&settings);
 
         let gate = caller::Gate::new(
@@ -188,6 +191,9 @@ impl App {
             settings.mail.clone(),
             metrics.clone(),
         ));
+        if let Some(deliverer) = deliverer {
+            workers.spawn(deliverer);
+        }
         workers.spawn(KeySweep {
             records: records.clone(),
             ttl: settings.idempotency.ttl,

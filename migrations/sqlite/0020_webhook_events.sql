@@ -20,3 +20,11 @@ CREATE TABLE webhook_events (
     delivered_at    INTEGER
 ) STRICT;
 CREATE INDEX webhook_events_due ON webhook_events (next_attempt_at) WHERE status = 'pending';
+
+-- An endpoint that answered 410 Gone: no event is sent to it again (on any instance)
+-- until an operator deletes its row or configures another URL.
+CREATE TABLE webhook_endpoints (
+    url          TEXT NOT NULL PRIMARY KEY,
+    disabled_at  INTEGER NOT NULL,
+    reason       TEXT    NOT NULL
+) STRICT;

@@ -415,6 +415,21 @@ impl Settings {
             }
             .into());
         }
+        if self.webhooks.url.is_some() && self.webhooks.secret.is_none() {
+            return Err(SettingError {
+                env: "CHECKOUT_WEBHOOK_SECRET",
+                key: "webhook_secret",
+                message: "is required with CHECKOUT_WEBHOOK_URL (whsec_ + base64 of 24 to 64 random bytes: every event is signed with it)".into(),
+            }
+            .into());
+        }
+        if self.webhooks.lease <= self.webhooks.timeout {
+            return Err(ConfigError::Combination(format!(
+                "CHECKOUT_WEBHOOK_LEASE_MS ({}) must be longer than CHECKOUT_WEBHOOK_TIMEOUT_MS ({}): another instance would send an event while its attempt still runs",
+                ms(self.webhooks.lease),
+                ms(self.webhooks.timeout)
+            )));
+        }
         if self.overload.rate_burst > 0 && self.overload.rate_per_sec == 0 {
             return Err(ConfigError::Combination(
                 "CHECKOUT_RATE_LIMIT_BURST is set but CHECKOUT_RATE_LIMIT_PER_SEC is 0 (no rate limit): set the rate too, or leave the burst at 0".into(),

@@ -9,6 +9,14 @@
 //! `app` builds it, which says whether its events are wanted and how the API shows the
 //! resource (`data`); the event's type is one [`EventType`].
 
+mod deliver;
+mod sign;
+mod store;
+
+pub use deliver::Deliverer;
+pub use sign::SigningKey;
+pub use store::{Backlog, Deliveries};
+
 use std::time::Duration;
 
 use chrono::{DateTime, SecondsFormat, Utc};
@@ -54,6 +62,53 @@ impl Default for WebhookSettings {
 }
 
 impl WebhookSettings {
+    /// Reads `CHECKOUT_WEBHOOK_RETRY_SCHEDULE`: waits such as `5s,5m,30m,2h` (units `ms`,
+    /// `s`, `m`, `h`), one to twenty of them.
+    pub fn parse_schedule(text: &str) -> Result<Vec<Duration>, String> {
+        let waits = text
+            .split(',')
+            .map(|step| {
+                let step = step.trim();
+                let split = step
+                    .find(|c: char| !c.is_ascii_digit())
+                    .unwrap_or(step.len());
+                let (number, unit) = step.split_at(split);
+                let n: u64 = number
+                    .parse()
+                    .map_err(|_| format!("{step:?} is not a wait such as 5s, 5m or 2h"))?;
+                let ms = match unit {
+                    "ms" => 1,
+                    "s" => 1000,
+                    "m" => 60_000,
+                    "h" => 3_600_000,
+                    _ => return Err(format!("{step:?}: the unit is one of ms, s, m, h")),
+                };
+                Ok(Duration::from_millis(n.saturating_mul(ms)))
+            })
+            .collect::<Result<Vec<_>, String>>()?;
+        if waits.len() > 20 {
+            return Err(format!("{} waits; at most 20", waits.len()));
+        }
+        Ok(waits)
+    }
+
+    /// Reads `CHECKOUT_WEBHOOK_EVENTS`: `all`, or event types separated by commas.
+    pub fn parse_events(text: &str) -> Result<Wanted, String> {
+        if text.trim() == "all" {
+            return Ok(Wanted::all());
+        }
+        let types = text
+            .split(',')
+            .map(|t| {
+                EventType::parse(t.trim()).ok_or_else(|| {
+                    let known: Vec<_> = EventType::ALL.iter().map(|t| t.as_str()).collect();
+                    format!("{t:?} is not an event type ({}, or all)", known.join(", "))
+                })
+            })
+            .collect::<Result<Vec<_>, String>>()?;
+        Ok(Wanted::of(types))
+    }
+
     /// The event types written: none without an endpoint.
     pub fn wanted(&self) -> Wanted {
         if self.url.is_some() {
@@ -321,6 +376,28 @@ mod tests {
         );
         assert!(Wanted::none().is_empty());
         assert_eq!(Wanted::all().types().count(), 6);
+    }
+
+    #[test]
+    fn a_schedule_reads_its_units_and_events_their_names() {
+        let default = WebhookSettings::default().retry_schedule;
+        assert_eq!(
+            WebhookSettings::parse_schedule("5s,5m,30m,2h,5h,10h,10h").unwrap(),
+            default
+        );
+        assert_eq!(
+            WebhookSettings::parse_schedule("100ms, 1s").unwrap(),
+            [Duration::from_millis(100), Duration::from_secs(1)]
+        );
+        for bad in ["", "5", "5d", "s", "1s,,2s"] {
+            assert!(WebhookSettings::parse_schedule(bad).is_err(), "{bad:?}");
+        }
+        assert_eq!(WebhookSettings::parse_events("all").unwrap(), Wanted::all());
+        assert_eq!(
+            WebhookSettings::parse_events("charge.succeeded, approval.requested").unwrap(),
+            Wanted::of([EventType::ChargeSucceeded, EventType::ApprovalRequested])
+        );
+        assert!(WebhookSettings::parse_events("charge.failed").is_err());
     }
 
     #[test]

@@ -32,5 +32,6 @@ mod scopes;
 mod store_contract;
 mod streaming;
 mod traces;
+mod webhook_delivery;
 mod webhooks;
 mod workers;
