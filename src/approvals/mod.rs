@@ -204,7 +204,7 @@ impl Approvals {
         let mut conn = self.db.acquire().await?;
         on_conn!(conn.conn(), c => {
             let mut tx = c.begin_write().await?;
-            sqlx::query(ASK)
+            let asked = sqlx::query(ASK)
                 .bind(&id)
                 .bind(caller)
                 .bind(key)
@@ -214,7 +214,9 @@ impl Approvals {
                 .bind(millis(self.ttl))
                 .bind(kind.as_str())
                 .execute(&mut *tx)
-                .await?;
+                .await?
+                .rows_affected()
+                == 1;
             let row: Row = sqlx::query_as(OF_OPERATION)
                 .bind(caller)
                 .bind(key)
@@ -247,9 +249,13 @@ impl Approvals {
                 .bind(until)
                 .execute(&mut *tx)
                 .await?;
-            let requested = self
-                .events
-                .event(EventType::ApprovalRequested, &approval, approval.created_at);
+            // Announced once: by the pause that asked for it.
+            let requested = asked
+                .then(|| {
+                    self.events
+                        .event(EventType::ApprovalRequested, &approval, approval.created_at)
+                })
+                .flatten();
             webhooks::insert_some(Conn::from(&mut *tx), requested.as_ref()).await?;
             tx.commit().await?;
             Ok(Paused::Now(approval))
