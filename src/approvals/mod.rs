@@ -17,6 +17,12 @@ use std::time::Duration;
 use chrono::{DateTime, Utc};
 use uuid::Uuid;
 
+mod links;
+
+pub use links::{LinkDecision, Links};
+
+use links::{LINK, token_hash};
+
 use crate::db::{BeginWrite, Conn, Database, StoreError, on_conn};
 use crate::idempotency::{Lease, PAUSE, REOPEN, SETTLE_PAUSED, Saved};
 use crate::journal;
@@ -196,6 +202,7 @@ impl Approvals {
         order: &Order,
         kind: Effect,
         keep: Duration,
+        links: Option<&Links>,
         answer: impl FnOnce(&Approval) -> Saved,
     ) -> Result<Paused, StoreError> {
         let amount = order.amount();
@@ -249,11 +256,28 @@ impl Approvals {
                 .bind(until)
                 .execute(&mut *tx)
                 .await?;
-            // Announced once: by the pause that asked for it.
+            if let Some(links) = links.filter(|_| asked) {
+                for (token, decision) in [
+                    (&links.approve, LinkDecision::Approve),
+                    (&links.deny, LinkDecision::Deny),
+                ] {
+                    sqlx::query(LINK)
+                        .bind(token_hash(token))
+                        .bind(&id)
+                        .bind(decision.as_str())
+                        .execute(&mut *tx)
+                        .await?;
+                }
+            }
+            // Announced once: by the pause that asked for it, with its links.
             let requested = asked
                 .then(|| {
-                    self.events
-                        .event(EventType::ApprovalRequested, &approval, approval.created_at)
+                    self.events.event_with(
+                        EventType::ApprovalRequested,
+                        &approval,
+                        approval.created_at,
+                        links.map(|l| &l.announced),
+                    )
                 })
                 .flatten();
             webhooks::insert_some(Conn::from(&mut *tx), requested.as_ref()).await?;

@@ -85,6 +85,7 @@ pub const SETTINGS: &[(&str, &str, Setter)] = &[
     ("mail_backoff_ms", "CHECKOUT_MAIL_BACKOFF_MS", |s, v| put(&mut s.mail.backoff_min, millis(v, 1))),
     ("mail_backoff_max_ms", "CHECKOUT_MAIL_BACKOFF_MAX_MS", |s, v| put(&mut s.mail.backoff_max, millis(v, 1))),
     ("webhook_url", "CHECKOUT_WEBHOOK_URL", |s, v| put(&mut s.webhooks.url, if v.is_empty() { Ok(None) } else { http_url(v).map(Some) })),
+    ("public_url", "CHECKOUT_PUBLIC_URL", |s, v| put(&mut s.webhooks.public_url, if v.is_empty() { Ok(None) } else { http_url(v).map(Some) })),
     ("webhook_secret", "CHECKOUT_WEBHOOK_SECRET", |s, v| put(&mut s.webhooks.secret, webhook_secret(v))),
     ("webhook_events", "CHECKOUT_WEBHOOK_EVENTS", |s, v| put(&mut s.webhooks.events, WebhookSettings::parse_events(v))),
     ("webhook_retry_schedule", "CHECKOUT_WEBHOOK_RETRY_SCHEDULE", |s, v| put(&mut s.webhooks.retry_schedule, WebhookSettings::parse_schedule(v))),

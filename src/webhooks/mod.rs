@@ -30,6 +30,9 @@ use crate::secret::Secret;
 pub struct WebhookSettings {
     /// `CHECKOUT_WEBHOOK_URL`: where events are POSTed; none writes no event.
     pub url: Option<String>,
+    /// `CHECKOUT_PUBLIC_URL`: the service as a person's browser reaches it; with it,
+    /// `approval.requested` carries an approve and a deny link under it.
+    pub public_url: Option<String>,
     /// `CHECKOUT_WEBHOOK_SECRET`: `whsec_` + base64 of the HMAC key's 24 to 64 bytes.
     pub secret: Option<Secret>,
     /// `CHECKOUT_WEBHOOK_EVENTS`: the event types sent (all by default).
@@ -49,6 +52,7 @@ impl Default for WebhookSettings {
         let (s, m, h) = (1, 60, 3600);
         WebhookSettings {
             url: None,
+            public_url: None,
             secret: None,
             events: Wanted::all(),
             // Standard Webhooks' suggested schedule.
@@ -237,8 +241,23 @@ impl<T> Announce<T> {
 
     /// The event `t` of `of` at `at`, if it is wanted.
     pub fn event(&self, t: EventType, of: &T, at: DateTime<Utc>) -> Option<NewEvent> {
+        self.event_with(t, of, at, None)
+    }
+
+    /// [`event`](Self::event), its `data` with the fields of `more` besides the view's.
+    pub fn event_with(
+        &self,
+        t: EventType,
+        of: &T,
+        at: DateTime<Utc>,
+        more: Option<&serde_json::Map<String, serde_json::Value>>,
+    ) -> Option<NewEvent> {
         let view = self.view.filter(|_| self.wanted.wants(t))?;
-        Some(NewEvent::new(t, view(of), at))
+        let mut data = view(of);
+        if let (Some(fields), Some(more)) = (data.as_object_mut(), more) {
+            fields.extend(more.iter().map(|(k, v)| (k.clone(), v.clone())));
+        }
+        Some(NewEvent::new(t, data, at))
     }
 }
 

@@ -6,6 +6,7 @@
 mod common;
 
 mod agui;
+mod approval_links;
 mod approvals;
 mod auth;
 mod budgets;
