@@ -30,6 +30,7 @@ use crate::model::{ClientSettings, LiveOps, ModelChain, ModelClient, ModelEndpoi
 use crate::outbox::{Dispatcher, MailTransport, Outbox};
 use crate::payments::stripe::Stripe;
 use crate::payments::{Intents, PaymentGateway, Receipts};
+use crate::webhooks::{Announce, Deliverer, Deliveries};
 use crate::worker::{self, Worker, Workers, every};
 
 /// Why the service could not start.
@@ -113,13 +114,20 @@ impl App {
         // One registry of the streams that follow operations here, told by every store
         // that commits journal rows.
         let wake = Arc::new(Wake::default());
+        // The events the endpoint wants, written by the stores of the facts they announce,
+        // in the data the API shows.
+        let wanted = settings.webhooks.wanted();
+        let receipts = Receipts::new(&db, &wake).announcing(
+            Announce::new(wanted, http::views::charge_event),
+            Announce::new(wanted, http::views::refund_event),
+        );
         let gateway = match settings.stripe() {
             Some(stripe) => PaymentGateway::with_provider(
-                Receipts::new(&db, &wake),
+                receipts,
                 Intents::new(&db),
                 Stripe::new(&stripe, &metrics).map_err(StartError::PaymentProvider)?,
             ),
-            None => PaymentGateway::new(Receipts::new(&db, &wake)),
+            None => PaymentGateway::new(receipts),
         };
         let limits = LoopLimits {
             max_rounds: settings.assistant.max_rounds,
@@ -133,7 +141,8 @@ impl App {
         let outbox = Outbox::new(&db, settings.mail.from.clone());
         let records = Records::new(&db, &wake);
         let transport = MailTransport::new(&settings.mail).map_err(StartError::Mail)?;
-        let approvals = Approvals::new(&db, settings.payments.approval_ttl);
+        let approvals = Approvals::new(&db, settings.payments.approval_ttl)
+            .announcing(Announce::new(wanted, http::paused::approval_event));
         let tools = ToolBox::new(
             gateway.clone(),
             outbox.clone(),
@@ -164,6 +173,9 @@ impl App {
         announce::endpoints(&settings, &chain);
         announce::callers(&settings, keys_exist);
         announce::mail(&settings, &transport);
+        announce::webhooks(&settings);
+        let deliverer = Deliverer::new(Deliveries::new(&db), &settings.webhooks, &metrics)
+            .map_err(StartError::Setting)?;
         announce::recovery(&settings);
 
         let gate = caller::Gate::new(
@@ -179,6 +191,9 @@ impl App {
             settings.mail.clone(),
             metrics.clone(),
         ));
+        if let Some(deliverer) = deliverer {
+            workers.spawn(deliverer);
+        }
         workers.spawn(KeySweep {
             records: records.clone(),
             ttl: settings.idempotency.ttl,

@@ -24,7 +24,7 @@ const FLOORS: &[(&str, &[&str])] = &[
     ("the edge", &["http"]),
     ("settings and callers", &["config", "caller"]),
     ("the loop", &["assistant", "approvals", "idempotency"]),
-    ("the effects", &["payments", "outbox", "journal", "model"]),
+    ("the effects", &["payments", "outbox", "journal", "model", "webhooks"]),
     ("the ground", &["db", "metrics", "telemetry", "retry", "worker", "secret"]),
 ];
 /// Arrows up being mended: (the file that imports, the module imported, who mends it).

@@ -117,6 +117,31 @@ pub(super) fn recovery(settings: &Settings) {
 }
 
 /// The start-up line that says where confirmation emails go.
+pub(super) fn webhooks(settings: &Settings) {
+    let hooks = &settings.webhooks;
+    match &hooks.url {
+        Some(url) => {
+            let events: Vec<_> = hooks.wanted().types().map(|t| t.as_str()).collect();
+            let schedule: Vec<_> = hooks
+                .retry_schedule
+                .iter()
+                .map(|d| format!("{} ms", d.as_millis()))
+                .collect();
+            tracing::info!(
+                url,
+                "webhooks: {} sent to {url} as Standard Webhooks (signed with CHECKOUT_WEBHOOK_SECRET), each written in the transaction of its fact; an attempt takes at most {} ms, retried after {} (Retry-After on 429/503), then recorded failed; 410 disables the endpoint; an event claimed by an instance that died is sent again after {} ms, with the same webhook-id",
+                events.join(", "),
+                hooks.timeout.as_millis(),
+                schedule.join(", "),
+                hooks.lease.as_millis()
+            );
+        }
+        None => tracing::info!(
+            "webhooks: no CHECKOUT_WEBHOOK_URL is set, so no event is written or sent"
+        ),
+    }
+}
+
 pub(super) fn mail(settings: &Settings, transport: &MailTransport) {
     let mail = &settings.mail;
     let from = mail.from.to_string();

@@ -28,6 +28,7 @@ use crate::payments::PerCurrency;
 use crate::payments::stripe::StripeSettings;
 use crate::secret::Secret;
 use crate::telemetry::LogFormat;
+use crate::webhooks::WebhookSettings;
 
 pub const DEFAULT_CONFIG: &str = "config/default.toml";
 pub const OPENAI_BASE_URL: &str = "https://api.openai.com/v1";
@@ -53,6 +54,8 @@ pub struct Settings {
     pub scripted: ScriptedSettings,
     /// The confirmation email: where it goes, from whom, how it is retried.
     pub mail: MailSettings,
+    /// The operator's webhook endpoint: which events, signed how, retried when.
+    pub webhooks: WebhookSettings,
     pub log_format: LogFormat,
 }
 
@@ -347,6 +350,7 @@ impl Default for Settings {
                 backoff_min: Duration::from_millis(1_000),
                 backoff_max: Duration::from_millis(300_000),
             },
+            webhooks: WebhookSettings::default(),
             log_format: LogFormat::Text,
         }
     }
@@ -420,6 +424,21 @@ impl Settings {
                 message: "is required with CHECKOUT_PAYMENT_PROVIDER=stripe (a test-mode key sk_test_… to try it)".into(),
             }
             .into());
+        }
+        if self.webhooks.url.is_some() && self.webhooks.secret.is_none() {
+            return Err(SettingError {
+                env: "CHECKOUT_WEBHOOK_SECRET",
+                key: "webhook_secret",
+                message: "is required with CHECKOUT_WEBHOOK_URL (whsec_ + base64 of 24 to 64 random bytes: every event is signed with it)".into(),
+            }
+            .into());
+        }
+        if self.webhooks.lease <= self.webhooks.timeout {
+            return Err(ConfigError::Combination(format!(
+                "CHECKOUT_WEBHOOK_LEASE_MS ({}) must be longer than CHECKOUT_WEBHOOK_TIMEOUT_MS ({}): another instance would send an event while its attempt still runs",
+                ms(self.webhooks.lease),
+                ms(self.webhooks.timeout)
+            )));
         }
         if self.overload.rate_burst > 0 && self.overload.rate_per_sec == 0 {
             return Err(ConfigError::Combination(

@@ -181,6 +181,10 @@ fn api_parts(state: Option<&AppState>) -> (Router<AppState>, utoipa::openapi::Op
         .routes(routes!(health::live))
         .routes(routes!(health::ready))
         .routes(routes!(metrics::metrics))
+        .routes(routes!(
+            approvals::links::show,
+            approvals::links::decide_by_link
+        ))
         .split_for_parts()
 }
 

@@ -129,3 +129,19 @@ impl From<Usage> for UsageView {
         }
     }
 }
+
+/// `charge.succeeded`'s `data`: the receipt as the API shows it, and its id as `receiptId`.
+pub(crate) fn charge_event(receipt: &Receipt) -> serde_json::Value {
+    let mut data = serde_json::to_value(ReceiptView::from(receipt)).expect("a view serializes");
+    data["receiptId"] = receipt.id.to_string().into();
+    data["operationKey"] = receipt.operation_key.clone().into();
+    data
+}
+
+/// `refund.succeeded`'s `data`: the refund as the API shows it, with its order.
+pub(crate) fn refund_event(refund: &Refund) -> serde_json::Value {
+    let mut data = serde_json::to_value(RefundView::from(refund)).expect("a view serializes");
+    data["orderId"] = refund.order_id.to_string().into();
+    data["operationKey"] = refund.operation_key.clone().into();
+    data
+}

@@ -27,6 +27,7 @@ use crate::worker::{Worker, every};
 
 pub(crate) mod decide;
 mod errors;
+pub mod links;
 
 pub use errors::ApprovalErrors;
 

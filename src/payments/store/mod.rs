@@ -25,6 +25,7 @@ use crate::db::{BeginWrite, Conn, Database, GroupWriter, StoreError, on_conn};
 use crate::journal::NewEntry;
 use crate::journal::wake::Wake;
 use crate::payments::money::Money;
+use crate::webhooks::{Announce, EventType};
 use budgets::Reservation;
 use receipts::{ChargeRow, Charges};
 
@@ -49,6 +50,10 @@ pub struct Receipts {
     writer: GroupWriter<Charges>,
     /// The streams to tell when a charge's or a refund's journal rows commit.
     wake: Arc<Wake>,
+    /// `charge.succeeded`, written with the receipt.
+    charges: Announce<Receipt>,
+    /// `refund.succeeded`, written with the refund (see [`Refunds`]).
+    refunds: Announce<Refund>,
 }
 
 impl Receipts {
@@ -57,7 +62,16 @@ impl Receipts {
             db: db.clone(),
             writer: GroupWriter::start(db, Charges(wake.clone())),
             wake: wake.clone(),
+            charges: Announce::none(),
+            refunds: Announce::none(),
         }
+    }
+
+    /// These receipts, writing the events `charges` and `refunds` want with the facts.
+    pub fn announcing(mut self, charges: Announce<Receipt>, refunds: Announce<Refund>) -> Self {
+        self.charges = charges;
+        self.refunds = refunds;
+        self
     }
 
     /// Makes `charge` once. Every later or concurrent charge of the same order gets the
@@ -87,7 +101,14 @@ impl Receipts {
             provider_payment_id: provider_payment_id.map(str::to_owned),
         };
         let entries = journal(&receipt);
-        let row = ChargeRow { receipt, entries };
+        let event = self
+            .charges
+            .event(EventType::ChargeSucceeded, &receipt, receipt.created_at);
+        let row = ChargeRow {
+            receipt,
+            entries,
+            event,
+        };
         // Only a charge with a budget takes the transaction; without one, the group
         // writer as ever. Boxed: its future stays out of every other charge's.
         let made = match charge.budget() {
@@ -116,7 +137,7 @@ impl Receipts {
 
     /// The refunds of the same database.
     pub fn refunds(&self) -> Refunds {
-        Refunds::new(&self.db, &self.wake)
+        Refunds::new(&self.db, &self.wake).announcing(self.refunds.clone())
     }
 
     pub async fn receipt(&self, order: &OrderId) -> Result<Option<Receipt>, StoreError> {
