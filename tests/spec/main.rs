@@ -13,6 +13,7 @@ mod crash;
 mod db_restart;
 mod email;
 mod endpoint;
+mod failover;
 mod faults;
 mod hostile;
 mod idempotency;

@@ -306,6 +306,23 @@ async fn a_bad_setting_is_one_line_naming_it_and_exit_status_2() {
             "mysql://x",
             "invalid setting DATABASE_URL (database_url in the config file): must start with sqlite:, postgres:// or postgresql://",
         ),
+        // Seen failing: with the host list's split taken out of vendor/sqlx-postgres, the
+        // first of these three was "error with configuration: invalid port number".
+        (
+            "DATABASE_URL",
+            "postgres://postgres@127.0.0.1:5433,/checkout",
+            "invalid setting DATABASE_URL (database_url in the config file): error with configuration: host list: host 2 is empty",
+        ),
+        (
+            "DATABASE_URL",
+            "postgres://postgres@127.0.0.1:5433,127.0.0.1:5x/checkout",
+            "invalid setting DATABASE_URL (database_url in the config file): error with configuration: host list: host 2 (127.0.0.1) has the port \"5x\", not a port number (1-65535)",
+        ),
+        (
+            "DATABASE_URL",
+            "postgres://postgres@127.0.0.1:5433,127.0.0.1:5434/checkout?target_session_attrs=master",
+            "invalid setting DATABASE_URL (database_url in the config file): error with configuration: target_session_attrs \"master\" is not one of any, read-write, primary (read-only, standby and prefer-standby are not supported)",
+        ),
         (
             "CHECKOUT_SMTP_URL",
             "http://mail.example.com",

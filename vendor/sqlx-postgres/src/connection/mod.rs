@@ -26,6 +26,7 @@ pub use self::stream::PgStream;
 #[cfg(feature = "offline")]
 mod describe;
 mod establish;
+mod target;
 mod executor;
 mod resolve;
 mod sasl;

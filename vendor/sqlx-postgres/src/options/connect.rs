@@ -21,7 +21,7 @@ impl ConnectOptions for PgConnectOptions {
     where
         Self::Connection: Sized,
     {
-        PgConnection::establish(self)
+        PgConnection::connect_target(self)
     }
 
     fn log_statements(mut self, level: LevelFilter) -> Self {

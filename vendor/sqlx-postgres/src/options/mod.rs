@@ -4,6 +4,7 @@ use std::fmt::{self, Display, Write};
 use std::path::{Path, PathBuf};
 
 pub use ssl_mode::PgSslMode;
+pub use target::PgTargetSessionAttrs;
 
 use crate::{connection::LogSettings, net::tls::CertificateInput};
 
@@ -11,6 +12,7 @@ mod connect;
 mod parse;
 mod pgpass;
 mod ssl_mode;
+mod target;
 
 #[doc = include_str!("doc.md")]
 #[derive(Debug, Clone)]
@@ -30,6 +32,12 @@ pub struct PgConnectOptions {
     pub(crate) log_settings: LogSettings,
     pub(crate) extra_float_digits: Option<Cow<'static, str>>,
     pub(crate) options: Option<String>,
+    /// Every host of a libpq host list (`postgres://h1:p1,h2:p2/db`), in order; empty
+    /// when the options name one host (`host`, `port`).
+    pub(crate) hosts: Vec<(String, u16)>,
+    pub(crate) target_session_attrs: PgTargetSessionAttrs,
+    /// The time one host gets to connect and answer, as libpq's `connect_timeout`.
+    pub(crate) connect_timeout: Option<std::time::Duration>,
 }
 
 impl Default for PgConnectOptions {
@@ -97,6 +105,9 @@ impl PgConnectOptions {
             extra_float_digits: Some("2".into()),
             log_settings: Default::default(),
             options: var("PGOPTIONS").ok(),
+            hosts: Vec::new(),
+            target_session_attrs: PgTargetSessionAttrs::Any,
+            connect_timeout: None,
         }
     }
 
@@ -132,6 +143,60 @@ impl PgConnectOptions {
     pub fn host(mut self, host: &str) -> Self {
         host.clone_into(&mut self.host);
         self
+    }
+
+    /// Sets the hosts to try in order, as libpq's host list (`postgres://h1:p1,h2:p2/db`):
+    /// each new connection walks them and keeps the first one that connects and matches
+    /// [`target_session_attrs`](Self::target_session_attrs). The first becomes `host`
+    /// and `port`. Empty: the one host of `host` and `port`.
+    ///
+    /// ```rust
+    /// # use sqlx_postgres::{PgConnectOptions, PgTargetSessionAttrs};
+    /// let options = PgConnectOptions::new()
+    ///     .hosts([("db1", 5432), ("db2", 5432)])
+    ///     .target_session_attrs(PgTargetSessionAttrs::ReadWrite);
+    /// ```
+    pub fn hosts<'a>(mut self, hosts: impl IntoIterator<Item = (&'a str, u16)>) -> Self {
+        self.hosts = hosts
+            .into_iter()
+            .map(|(host, port)| (host.to_owned(), port))
+            .collect();
+        if let Some((host, port)) = self.hosts.first() {
+            self.host = host.clone();
+            self.port = *port;
+        }
+        self
+    }
+
+    /// Which server a new connection is kept on, as libpq's `target_session_attrs`
+    /// (`PGTARGETSESSIONATTRS`): any, one that accepts writes (`read-write`: `SHOW
+    /// transaction_read_only` is `off`), or a primary (`primary`: not in recovery).
+    pub fn target_session_attrs(mut self, attrs: PgTargetSessionAttrs) -> Self {
+        self.target_session_attrs = attrs;
+        self
+    }
+
+    /// The time one host gets to connect, authenticate and be checked, as libpq's
+    /// `connect_timeout` (`PGCONNECT_TIMEOUT`): past it the next host of the list is tried.
+    pub fn connect_timeout(mut self, timeout: impl Into<Option<std::time::Duration>>) -> Self {
+        self.connect_timeout = timeout.into();
+        self
+    }
+
+    /// The hosts a new connection walks, in order: the host list, else the one host.
+    pub fn get_hosts(&self) -> Vec<(&str, u16)> {
+        match self.hosts.is_empty() {
+            true => vec![(self.host.as_str(), self.port)],
+            false => self.hosts.iter().map(|(h, p)| (h.as_str(), *p)).collect(),
+        }
+    }
+
+    pub fn get_target_session_attrs(&self) -> PgTargetSessionAttrs {
+        self.target_session_attrs
+    }
+
+    pub fn get_connect_timeout(&self) -> Option<std::time::Duration> {
+        self.connect_timeout
     }
 
     /// Sets the port to connect to at the server host.

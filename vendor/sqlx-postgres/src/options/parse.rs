@@ -9,6 +9,13 @@ impl PgConnectOptions {
     pub(crate) fn parse_from_url(url: &Url) -> Result<Self, Error> {
         let mut options = Self::new_without_pgpass();
 
+        if let Ok(attrs) = std::env::var("PGTARGETSESSIONATTRS") {
+            options = options.target_session_attrs(attrs.parse()?);
+        }
+        if let Ok(seconds) = std::env::var("PGCONNECT_TIMEOUT") {
+            options = options.connect_timeout(connect_timeout(&seconds)?);
+        }
+
         if let Some(host) = url.host_str() {
             let host_decoded = percent_decode_str(host);
             options = match host_decoded.clone().next() {
@@ -82,6 +89,12 @@ impl PgConnectOptions {
                 "port" => options = options.port(value.parse().map_err(Error::config)?),
 
                 "dbname" => options = options.database(&value),
+
+                "target_session_attrs" => {
+                    options = options.target_session_attrs(value.parse()?);
+                }
+
+                "connect_timeout" => options = options.connect_timeout(connect_timeout(&value)?),
 
                 "user" => options = options.username(&value),
 
@@ -170,13 +183,40 @@ impl PgConnectOptions {
     }
 }
 
+/// libpq's `connect_timeout`: whole seconds, at least 2; zero or less waits forever.
+fn connect_timeout(seconds: &str) -> Result<Option<std::time::Duration>, Error> {
+    let seconds: i64 = seconds.trim().parse().map_err(|_| {
+        Error::Configuration(
+            format!("connect_timeout {seconds:?} is not a number of seconds").into(),
+        )
+    })?;
+    Ok((seconds > 0).then(|| std::time::Duration::from_secs(seconds.max(2) as u64)))
+}
+
 impl FromStr for PgConnectOptions {
     type Err = Error;
 
     fn from_str(s: &str) -> Result<Self, Error> {
-        let url: Url = s.parse().map_err(Error::config)?;
-
-        Self::parse_from_url(&url)
+        let Some((single, listed)) = super::target::split_host_list(s)? else {
+            let url: Url = s.parse().map_err(Error::config)?;
+            return Self::parse_from_url(&url);
+        };
+        let url: Url = single.parse().map_err(Error::config)?;
+        let options = Self::parse_from_url(&url)?;
+        // A host without a port takes libpq's default: the `port` parameter, else PGPORT,
+        // else 5432.
+        let default_port = match url.query_pairs().find(|(key, _)| key == "port") {
+            Some((_, port)) => port.parse().map_err(Error::config)?,
+            None => std::env::var("PGPORT")
+                .ok()
+                .and_then(|v| v.parse().ok())
+                .unwrap_or(5432),
+        };
+        let hosts: Vec<(String, u16)> = listed
+            .into_iter()
+            .map(|(host, port)| (host, port.unwrap_or(default_port)))
+            .collect();
+        Ok(options.hosts(hosts.iter().map(|(h, p)| (h.as_str(), *p))))
     }
 }
 
