@@ -130,7 +130,9 @@ impl Cluster {
                 "--no-sync",
             ],
         );
-        cluster.configure(&cluster.standby, "");
+        // The primary's settings came with the base backup: once promoted, the standby has
+        // no standby of its own to wait for.
+        cluster.configure(&cluster.standby, "synchronous_standby_names = ''\n");
         cluster.pg_ctl(&cluster.standby, &["start"]);
         cluster.sql(&cluster.primary, "CREATE DATABASE checkout");
         cluster.until("the standby streams from the primary", || {
@@ -175,6 +177,16 @@ impl Cluster {
         let mut all = vec!["-D", &data, "-l", &log, "-w", "-t", "30"];
         all.extend_from_slice(args);
         self.run("pg_ctl", &all);
+    }
+
+    /// Crashes the server: every process of it killed at once, nothing flushed.
+    pub fn crash(&self, server: &Server) {
+        self.pg_ctl(server, &["stop", "-m", "immediate"]);
+    }
+
+    /// Makes the standby a primary; returns once it accepts writes.
+    pub fn promote(&self, server: &Server) {
+        self.pg_ctl(server, &["promote"]);
     }
 
     /// One statement through `psql` on the server, its one value as text.
