@@ -148,20 +148,21 @@ async fn until_charged(
     }
 }
 
-/// With a synchronous standby, 200 keyed checkouts through two instances while the
-/// primary crashes (`pg_ctl stop -m immediate`) and the standby is promoted: every order
-/// is answered 200 to a client that sends it again with its key, each 200's receipt is on
-/// the new primary and no order has two, neither instance restarts, and a request sent
-/// after the promotion is answered 200 within 15 s of it.
-// Seen failing with DATABASE_URL naming the old primary alone: "FO-70 not answered 200 in
-// time; the last answer: 503 … cannot reach the database: pool timed out while waiting
-// for an open connection; nothing was run".
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_primary_crashed_mid_checkouts_and_its_synchronous_standby_promoted_loses_and_doubles_no_charge()
- {
-    const ORDERS: usize = 200;
+/// 200 keyed checkouts through two checkout processes given primary,standby with
+/// read-write, by 16 clients that send each order until it is answered 200; after a third
+/// are answered, the primary is crashed and, a second later, the standby promoted.
+struct CrashRun {
+    cluster: Arc<Cluster>,
+    instances: [Process; 2],
+    answered: HashMap<String, Answered>,
+    promoted: Instant,
+}
+
+const ORDERS: usize = 200;
+
+async fn crash_mid_checkouts(replication: Replication) -> CrashRun {
     const CLIENTS: usize = 16;
-    let cluster = Arc::new(Cluster::start(Replication::Synchronous));
+    let cluster = Arc::new(Cluster::start(replication));
     let url = read_write_url(cluster.primary.port, cluster.standby.port);
     let env = [
         ("DATABASE_URL", url.as_str()),
@@ -170,7 +171,7 @@ async fn a_primary_crashed_mid_checkouts_and_its_synchronous_standby_promoted_lo
         // client's retries wait that long (409 in_flight), not the default 10 s.
         ("CHECKOUT_IDEMPOTENCY_LEASE_MS", "2000"),
     ];
-    let mut instances = [Process::start(&env), Process::start(&env)];
+    let instances = [Process::start(&env), Process::start(&env)];
     let bases: Vec<String> = instances.iter().map(|p| p.base.clone()).collect();
 
     let deadline = Instant::now() + Duration::from_secs(120);
@@ -210,7 +211,32 @@ async fn a_primary_crashed_mid_checkouts_and_its_synchronous_standby_promoted_lo
         c.await.unwrap();
     }
 
-    let answered = answered.lock().unwrap();
+    let answered = std::mem::take(&mut *answered.lock().unwrap());
+    CrashRun {
+        cluster,
+        instances,
+        answered,
+        promoted,
+    }
+}
+
+/// With a synchronous standby, 200 keyed checkouts through two instances while the
+/// primary crashes (`pg_ctl stop -m immediate`) and the standby is promoted: every order
+/// is answered 200 to a client that sends it again with its key, each 200's receipt is on
+/// the new primary and no order has two, neither instance restarts, and a request sent
+/// after the promotion is answered 200 within 15 s of it.
+// Seen failing with DATABASE_URL naming the old primary alone: "FO-70 not answered 200 in
+// time; the last answer: 503 … cannot reach the database: pool timed out while waiting
+// for an open connection; nothing was run".
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_primary_crashed_mid_checkouts_and_its_synchronous_standby_promoted_loses_and_doubles_no_charge()
+ {
+    let CrashRun {
+        cluster,
+        mut instances,
+        answered,
+        promoted,
+    } = crash_mid_checkouts(Replication::Synchronous).await;
     assert_eq!(answered.len(), ORDERS, "every order answered 200");
     assert!(
         answered.values().any(|a| a.retries > 0),
@@ -370,5 +396,70 @@ async fn a_primary_turned_read_only_and_its_standby_promoted_are_followed_withou
         process.child.try_wait().unwrap().is_none(),
         "the service kept running: {:#?}",
         process.logs()
+    );
+}
+
+/// The same crash with an asynchronous standby, measured: a commit the primary
+/// acknowledged may not have reached the standby when it crashed, and is then not on the
+/// promoted server. Every order is still answered 200, no order has two receipts on the
+/// new primary, and an acknowledged order whose receipt was lost, sent again with its
+/// key, is charged again there (the ledger lost the first charge and its key's record):
+/// after those are sent again the new primary holds exactly one receipt per order. The
+/// figures (orders lost, charged again) go to the test's output; docs/operations.md
+/// quotes them with this command.
+// Not seen failing: it measures; the one-receipt-per-order it asserts is the receipts
+// table's unique order_id.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_asynchronous_standby_promoted_after_a_crash_keeps_one_receipt_per_order_and_counts_what_it_lost()
+ {
+    let CrashRun {
+        cluster,
+        instances,
+        answered,
+        ..
+    } = crash_mid_checkouts(Replication::Asynchronous).await;
+    assert_eq!(answered.len(), ORDERS, "every order answered 200");
+    let rows = cluster.sql_checkout(
+        &cluster.standby,
+        "SELECT string_agg(order_id || '=' || id::text, ',') FROM receipts",
+    );
+    let on_new_primary: HashMap<&str, &str> = rows
+        .split(',')
+        .filter(|r| !r.is_empty())
+        .map(|r| r.split_once('=').unwrap())
+        .collect();
+    assert_eq!(
+        cluster.sql_checkout(
+            &cluster.standby,
+            "SELECT count(*) - count(DISTINCT order_id) FROM receipts"
+        ),
+        "0",
+        "no order with two receipts"
+    );
+    let lost: Vec<&String> = answered
+        .iter()
+        .filter(|(order, a)| on_new_primary.get(order.as_str()) != Some(&a.receipt.as_str()))
+        .map(|(order, _)| order)
+        .collect();
+    let http = client();
+    let deadline = Instant::now() + Duration::from_secs(60);
+    let mut charged_again = 0;
+    for order in &lost {
+        let n: usize = order.trim_start_matches("FO-").parse().unwrap();
+        let again = until_charged(&http, &instances[n % 2].base, order, deadline).await;
+        if again.receipt != answered[*order].receipt {
+            charged_again += 1;
+        }
+    }
+    eprintln!(
+        "asynchronous failover: {} of {ORDERS} acknowledged receipts lost; sent again with their keys, {charged_again} charged again under a new receipt",
+        lost.len()
+    );
+    assert_eq!(
+        cluster.sql_checkout(
+            &cluster.standby,
+            "SELECT count(*) || ' ' || count(DISTINCT order_id) FROM receipts"
+        ),
+        format!("{ORDERS} {ORDERS}")
     );
 }

@@ -17,6 +17,8 @@ pub enum Replication {
     /// `synchronous_standby_names = '*'`, `synchronous_commit = on`: a commit is
     /// acknowledged once the standby has it on disk.
     Synchronous,
+    /// No synchronous standby: a commit is acknowledged once the primary has it.
+    Asynchronous,
 }
 
 pub struct Server {
@@ -102,6 +104,7 @@ impl Cluster {
         );
         let sync = match replication {
             Replication::Synchronous => "'*'",
+            Replication::Asynchronous => "''",
         };
         cluster.configure(
             &cluster.primary,
@@ -138,6 +141,7 @@ impl Cluster {
         cluster.until("the standby streams from the primary", || {
             let expected = match replication {
                 Replication::Synchronous => "streaming sync",
+                Replication::Asynchronous => "streaming async",
             };
             cluster.sql(
                 &cluster.primary,
