@@ -361,6 +361,29 @@ async fn a_bad_setting_is_one_line_naming_it_and_exit_status_2() {
     assert_eq!(process.wait(Duration::from_secs(10)).code(), Some(2));
 }
 
+/// `PGTARGETSESSIONATTRS` is read with `DATABASE_URL`, as libpq reads it: a value it does
+/// not know stops start-up with exit 2, naming DATABASE_URL and the value.
+// Seen failing with the PGTARGETSESSIONATTRS read taken out of vendor/sqlx-postgres: the
+// service started, failed to connect, and exited 1.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_unknown_pgtargetsessionattrs_is_refused_with_exit_status_2() {
+    let mut process = Process::spawn(&[
+        (
+            "DATABASE_URL",
+            "postgres://postgres@127.0.0.1:5433,127.0.0.1:5434/checkout",
+        ),
+        ("PGTARGETSESSIONATTRS", "standby"),
+    ]);
+    assert_eq!(process.wait(Duration::from_secs(10)).code(), Some(2));
+    std::thread::sleep(Duration::from_millis(50));
+    assert_eq!(
+        process.logs(),
+        vec![
+            "checkout: invalid setting DATABASE_URL (database_url in the config file): error with configuration: target_session_attrs \"standby\" is not one of any, read-write, primary (read-only, standby and prefer-standby are not supported)".to_owned()
+        ]
+    );
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_second_process_on_one_sqlite_file_is_refused() {
     let db = TestDb::new(Backend::Sqlite).await;
