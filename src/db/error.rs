@@ -107,8 +107,9 @@ fn is_transient(err: &sqlx::Error) -> bool {
             // admin_shutdown (57P…), too_many_connections, serialization failure, deadlock,
             // and read_only_sql_transaction (25006): the server became a standby or
             // read-only under a connection kept for writing, a lost database like the
-            // others; the pool closes that connection (its ping fails, vendor/sqlx-postgres)
-            // and the next one walks DATABASE_URL's hosts to the writable server.
+            // others; a new connection walks DATABASE_URL's hosts to the writable server.
+            // (The pool's release ping does not see read-only: a connection still idle in
+            // the pool fails its next statement the same way.)
             // SQLite: BUSY and LOCKED and their extended codes.
             code.starts_with("08")
                 || code.starts_with("57P")
