@@ -19,7 +19,7 @@ WORKDIR /src
 # the workspace the lock file names; its code is never built here.
 COPY Cargo.toml Cargo.lock ./
 COPY bench/Cargo.toml bench/Cargo.toml
-# The patched dependency the root manifest names ([patch.crates-io]; vendor/README.md).
+# The patched dependencies the root manifest names ([patch.crates-io]; vendor/README.md).
 COPY vendor vendor
 RUN mkdir -p src bench/src && echo 'fn main() {}' > src/main.rs && touch src/lib.rs \
     && echo 'fn main() {}' > bench/src/main.rs \

@@ -109,6 +109,7 @@ fn database_url(v: &str) -> Result<String, String> {
     {
         return Err("must start with sqlite:, postgres:// or postgresql://".into());
     }
+    crate::db::check_url(v)?;
     Ok(v.to_owned())
 }
 

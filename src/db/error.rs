@@ -104,13 +104,27 @@ fn is_transient(err: &sqlx::Error) -> bool {
         Io(_) | Tls(_) | PoolTimedOut | PoolClosed | WorkerCrashed | Protocol(_) => true,
         Database(db) => db.code().is_some_and(|code| {
             // Postgres: connection exceptions (08…), operator intervention such as
-            // admin_shutdown (57P…), too_many_connections, serialization failure, deadlock.
+            // admin_shutdown (57P…), too_many_connections, serialization failure, deadlock,
+            // and read_only_sql_transaction (25006): the server became a standby or
+            // read-only under a connection kept for writing, a lost database like the
+            // others; a new connection walks DATABASE_URL's hosts to the writable server.
+            // (The pool's release ping does not see read-only: a connection still idle in
+            // the pool fails its next statement the same way.)
             // SQLite: BUSY and LOCKED and their extended codes.
             code.starts_with("08")
                 || code.starts_with("57P")
                 || matches!(
                     code.as_ref(),
-                    "53300" | "40001" | "40P01" | "5" | "6" | "261" | "517" | "773" | "262"
+                    "53300"
+                        | "40001"
+                        | "40P01"
+                        | "25006"
+                        | "5"
+                        | "6"
+                        | "261"
+                        | "517"
+                        | "773"
+                        | "262"
                 )
         }),
         _ => false,
@@ -144,5 +158,46 @@ mod tests {
         }
         let decoding = StoreError::sqlite(rusqlite::Error::InvalidColumnIndex(3));
         assert!(!decoding.is_transient(), "{decoding}");
+    }
+
+    /// Postgres's SQLSTATE, as a server sends it.
+    #[derive(Debug, thiserror::Error)]
+    #[error("({0}) refused")]
+    struct PgCode(&'static str);
+
+    impl sqlx::error::DatabaseError for PgCode {
+        fn message(&self) -> &str {
+            "refused"
+        }
+        fn code(&self) -> Option<std::borrow::Cow<'_, str>> {
+            Some(self.0.into())
+        }
+        fn as_error(&self) -> &(dyn std::error::Error + Send + Sync + 'static) {
+            self
+        }
+        fn as_error_mut(&mut self) -> &mut (dyn std::error::Error + Send + Sync + 'static) {
+            self
+        }
+        fn into_error(self: Box<Self>) -> Box<dyn std::error::Error + Send + Sync + 'static> {
+            self
+        }
+        fn kind(&self) -> sqlx::error::ErrorKind {
+            sqlx::error::ErrorKind::Other
+        }
+    }
+
+    /// A statement a server refused because it became read-only (a demoted primary, a
+    /// standby) is a lost database, worth a retry on the next connection; a constraint is
+    /// not.
+    // Seen failing without "25006" in the list: Other, not transient.
+    #[test]
+    fn a_server_that_became_read_only_is_a_lost_database() {
+        let read_only = StoreError::from(sqlx::Error::Database(Box::new(PgCode("25006"))));
+        assert!(
+            matches!(read_only, StoreError::Unavailable(_)),
+            "{read_only:?}"
+        );
+        let unique = StoreError::from(sqlx::Error::Database(Box::new(PgCode("23505"))));
+        assert!(matches!(unique, StoreError::Other(_)), "{unique:?}");
     }
 }

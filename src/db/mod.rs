@@ -10,6 +10,7 @@ mod batch;
 mod conn;
 mod error;
 mod group;
+mod url;
 
 use std::fs::{File, OpenOptions, TryLockError};
 use std::io::Write;
@@ -29,6 +30,7 @@ pub use batch::{Batch, PgBatch, PgBinder, PgPart, Returned};
 pub use conn::{BeginWrite, Conn, Pooled};
 pub use error::StoreError;
 pub use group::{GroupWrite, GroupWriter};
+pub use url::check_url;
 
 type WeakWriter = tokio::sync::mpsc::WeakUnboundedSender<Box<dyn group::Lane>>;
 
@@ -138,6 +140,13 @@ impl Database {
             let options = PgConnectOptions::from_str(url)
                 .map_err(OpenError::Connect)?
                 .log_statements(statement_level());
+            if options.get_hosts().len() > 1 || options.get_target_session_attrs().as_str() != "any"
+            {
+                tracing::info!(
+                    "each new database connection walks the hosts {}",
+                    url::describe(&options)
+                );
+            }
             let pg = PgPoolOptions::new()
                 .max_connections(pool.max_connections)
                 .acquire_timeout(pool.acquire_timeout)

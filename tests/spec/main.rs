@@ -14,6 +14,7 @@ mod crash;
 mod db_restart;
 mod email;
 mod endpoint;
+mod failover;
 mod faults;
 mod hostile;
 mod idempotency;

@@ -306,6 +306,23 @@ async fn a_bad_setting_is_one_line_naming_it_and_exit_status_2() {
             "mysql://x",
             "invalid setting DATABASE_URL (database_url in the config file): must start with sqlite:, postgres:// or postgresql://",
         ),
+        // Seen failing: with the host list's split taken out of vendor/sqlx-postgres, the
+        // first of these three was "error with configuration: invalid port number".
+        (
+            "DATABASE_URL",
+            "postgres://postgres@127.0.0.1:5433,/checkout",
+            "invalid setting DATABASE_URL (database_url in the config file): error with configuration: host list: host 2 is empty",
+        ),
+        (
+            "DATABASE_URL",
+            "postgres://postgres@127.0.0.1:5433,127.0.0.1:5x/checkout",
+            "invalid setting DATABASE_URL (database_url in the config file): error with configuration: host list: host 2 (127.0.0.1) has the port \"5x\", not a port number (1-65535)",
+        ),
+        (
+            "DATABASE_URL",
+            "postgres://postgres@127.0.0.1:5433,127.0.0.1:5434/checkout?target_session_attrs=master",
+            "invalid setting DATABASE_URL (database_url in the config file): error with configuration: target_session_attrs \"master\" is not one of any, read-write, primary (read-only, standby and prefer-standby are not supported)",
+        ),
         (
             "CHECKOUT_SMTP_URL",
             "http://mail.example.com",
@@ -358,6 +375,29 @@ async fn a_bad_setting_is_one_line_naming_it_and_exit_status_2() {
         process.logs()[0].contains("CHECKOUT_WEBHOOK_SECRET"),
         "{:?}",
         process.logs()
+    );
+}
+
+/// `PGTARGETSESSIONATTRS` is read with `DATABASE_URL`, as libpq reads it: a value it does
+/// not know stops start-up with exit 2, naming DATABASE_URL and the value.
+// Seen failing with the PGTARGETSESSIONATTRS read taken out of vendor/sqlx-postgres: the
+// service started, failed to connect, and exited 1.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_unknown_pgtargetsessionattrs_is_refused_with_exit_status_2() {
+    let mut process = Process::spawn(&[
+        (
+            "DATABASE_URL",
+            "postgres://postgres@127.0.0.1:5433,127.0.0.1:5434/checkout",
+        ),
+        ("PGTARGETSESSIONATTRS", "standby"),
+    ]);
+    assert_eq!(process.wait(Duration::from_secs(10)).code(), Some(2));
+    std::thread::sleep(Duration::from_millis(50));
+    assert_eq!(
+        process.logs(),
+        vec![
+            "checkout: invalid setting DATABASE_URL (database_url in the config file): error with configuration: target_session_attrs \"standby\" is not one of any, read-write, primary (read-only, standby and prefer-standby are not supported)".to_owned()
+        ]
     );
 }
 

@@ -2,6 +2,7 @@
 //! the machine's Postgres), the scripted model on loopback, and the service, either
 //! in-process on port 0 or as a real `checkout` process.
 
+pub mod cluster;
 pub mod hostile;
 pub mod localstripe;
 pub mod proxy;
