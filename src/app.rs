@@ -93,6 +93,7 @@ impl App {
                     api_key: None,
                     model: scripted::MODEL.to_owned(),
                     h2c: settings.model.h2c,
+                    reasoning_effort: settings.model.reasoning_effort,
                 };
                 (endpoint, Some(model))
             }

@@ -169,6 +169,7 @@ impl Inner {
             messages: prompts::opening(ctx.effect(), ctx.order(), ctx.email().is_some()),
             tools: ToolBox::offered_for(ctx.effect(), ctx.email().is_some()),
             max_tokens: Some(limits.max_tokens),
+            reasoning_effort: None,
             stream: false,
             stream_options: None,
         });

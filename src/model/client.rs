@@ -20,6 +20,7 @@ use super::call::ModelCall;
 use super::error::{ModelError, ModelErrorKind};
 use super::live::LiveText;
 use super::observe::ObserveLayer;
+use super::reasoning::{self, ReasoningEffort};
 use super::retry::{RequestRetry, RequestRetrySettings};
 use super::stream;
 use super::transport::{Transport, TransportSettings};
@@ -39,6 +40,8 @@ pub struct ModelEndpoint {
     /// share a few connections instead of holding one each. Over `https://` the client
     /// offers HTTP/2 by ALPN whatever this says.
     pub h2c: bool,
+    /// Sent as `reasoning_effort` when set (`OPENAI_REASONING_EFFORT`).
+    pub reasoning_effort: Option<ReasoningEffort>,
 }
 
 impl ModelEndpoint {
@@ -57,6 +60,7 @@ pub const MAX_TOOL_CALLS: usize = 16;
 pub struct ModelClient {
     stack: BoxCloneSyncService<ModelCall, ChatResponse, BoxError>,
     model: Arc<str>,
+    reasoning_effort: Option<ReasoningEffort>,
     /// `model@base_url`: [`ModelEndpoint::name`].
     name: Arc<str>,
     /// `model#position`: the metrics' name, without the URL (an address is never a label).
@@ -118,6 +122,7 @@ impl ModelClient {
         Ok(ModelClient {
             stack: BoxCloneSyncService::new(stack),
             model: endpoint.model.as_str().into(),
+            reasoning_effort: endpoint.reasoning_effort,
             name: name.into(),
             metric_label: metric_label.into(),
             breaker,
@@ -127,6 +132,11 @@ impl ModelClient {
 
     pub fn model(&self) -> &str {
         &self.model
+    }
+
+    /// What the endpoint's requests say as `reasoning_effort`, if anything.
+    pub fn reasoning_effort(&self) -> Option<ReasoningEffort> {
+        self.reasoning_effort
     }
 
     /// How the log, `/health/ready` and the journal name the endpoint: `model@base_url`.
@@ -334,10 +344,14 @@ fn retry_after(headers: &HeaderMap) -> Option<Duration> {
     )
 }
 
-/// A provider's answer that is not a success: its status, its error body's fields, and
-/// how long it asked us to wait.
+/// A provider's answer that is not a success: its status, its error body's fields (and,
+/// for a refusal of the request's reasoning effort, the settings that fix it), and how
+/// long it asked us to wait.
 fn status_error(status: u16, body: &[u8], retry_after: Option<Duration>) -> ModelError {
-    let (code, message) = error_fields(status, body);
+    let (code, mut message) = error_fields(status, body);
+    if let Some(hint) = reasoning::refusal_hint(status, body) {
+        message = format!("{message} ({hint})");
+    }
     ModelError::new(ModelErrorKind::Status {
         status,
         code,
@@ -424,6 +438,7 @@ mod tests {
             api_key: Some(Secret::new("sk-live-123")),
             model: "m".into(),
             h2c: false,
+            reasoning_effort: None,
         };
         assert!(!format!("{endpoint:?}").contains("sk-live-123"));
     }

@@ -5,6 +5,8 @@
 use serde::{Deserialize, Serialize};
 use serde_json::value::RawValue;
 
+use super::reasoning::ReasoningEffort;
+
 #[derive(Clone, Debug, Serialize, Deserialize)]
 pub struct ChatRequest {
     pub model: String,
@@ -16,6 +18,9 @@ pub struct ChatRequest {
     /// for thousands of tokens.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub max_tokens: Option<u32>,
+    /// The endpoint's `OPENAI_REASONING_EFFORT`; left out when unset.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub reasoning_effort: Option<ReasoningEffort>,
     /// Asks for the answer as Server-Sent Events of [`ChatChunk`]s: only when someone
     /// watches the operation (docs/streaming.md); left out otherwise.
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
@@ -324,6 +329,7 @@ mod tests {
             }],
             tools,
             max_tokens: Some(5),
+            reasoning_effort: None,
             stream: false,
             stream_options: None,
         };

@@ -25,6 +25,7 @@ mod process;
 mod provider;
 mod provider_stream;
 mod real_server_answers;
+mod reasoning;
 mod refund_faults;
 mod refund_provider;
 mod refunds;

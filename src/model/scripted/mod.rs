@@ -21,6 +21,7 @@ mod script;
 mod server;
 mod streamed;
 
+use std::collections::VecDeque;
 use std::net::SocketAddr;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
@@ -81,6 +82,7 @@ impl ScriptedModel {
             by_round: Mutex::new(Vec::new()),
             arrivals: Mutex::new(Vec::new()),
             traceparents: Mutex::new(Vec::new()),
+            bodies: Mutex::new(VecDeque::with_capacity(server::KEPT_BODIES)),
         });
         let accept = tokio::spawn(accept_loop(listener, state.clone()));
         Ok(ScriptedModel {
@@ -142,6 +144,15 @@ impl ScriptedModel {
     /// the request had none).
     pub fn traceparents(&self) -> Vec<Option<String>> {
         self.state.traceparents.lock().unwrap().clone()
+    }
+
+    /// The JSON bodies of the last requests received (at most 64), oldest first.
+    pub fn recent_requests(&self) -> Vec<serde_json::Value> {
+        let bodies = self.state.bodies.lock().unwrap();
+        bodies
+            .iter()
+            .map(|body| serde_json::from_slice(body).unwrap_or(serde_json::Value::Null))
+            .collect()
     }
 
     /// Replaces the fault plan; counts of the new rules start at zero.

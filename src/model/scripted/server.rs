@@ -1,6 +1,7 @@
 //! The HTTP server: accepts connections, counts requests, checks the key, applies the
 //! fault plan's transport faults, and hands the rest to the script.
 
+use std::collections::VecDeque;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant, SystemTime};
@@ -22,6 +23,7 @@ use tokio::net::TcpListener;
 use super::plan::{Fault, FaultRule, Pick, Recording, RetryAfter, pick_fault};
 use super::script::assistant_answer;
 use super::streamed;
+use crate::model::reasoning::ReasoningEffort;
 use crate::model::wire::{ChatRequest, Message};
 
 pub(super) struct State {
@@ -38,7 +40,17 @@ pub(super) struct State {
     pub(super) arrivals: Mutex<Vec<Instant>>,
     /// The `traceparent` header of each chat-completions request, in order.
     pub(super) traceparents: Mutex<Vec<Option<String>>>,
+    /// The bodies of the last [`KEPT_BODIES`] requests, oldest first.
+    pub(super) bodies: Mutex<VecDeque<Bytes>>,
 }
+
+/// Request bodies kept for a test to read: a few checkouts' worth, so that a benchmark's
+/// thousands of requests do not pile up.
+pub(super) const KEPT_BODIES: usize = 64;
+
+/// OpenAI's refusal of function tools beside a reasoning effort on chat completions, as
+/// its reasoning models send it (issue 48).
+const TOOLS_WITH_REASONING: &str = r#"{"error":{"message":"Function tools with reasoning_effort are not supported for gpt-5.6-luna in /v1/chat/completions. To use function tools, use /v1/responses or set reasoning_effort to 'none'.","type":"invalid_request_error","param":"reasoning_effort","code":null}}"#;
 
 pub(super) struct Plan {
     pub(super) rules: Vec<(FaultRule, u32)>,
@@ -141,6 +153,13 @@ async fn completions(state: &State, request: Request<Incoming>) -> Result<Reply,
         Ok(body) => body.to_bytes(),
         Err(_) => return Err(CloseConnection),
     };
+    {
+        let mut bodies = state.bodies.lock().unwrap();
+        if bodies.len() == KEPT_BODIES {
+            bodies.pop_front();
+        }
+        bodies.push_back(body.clone());
+    }
     if !authorized {
         return Ok(error_answer(
             StatusCode::UNAUTHORIZED,
@@ -240,7 +259,17 @@ async fn completions(state: &State, request: Request<Incoming>) -> Result<Reply,
             endless_json()
         })),
         Some(Fault::Replay(recording)) => Ok(replayed(&recording)),
+        Some(Fault::RefuseToolsWithReasoning)
+            if !chat.tools.is_empty() && chat.reasoning_effort != Some(ReasoningEffort::None) =>
+        {
+            Ok(Response::builder()
+                .status(StatusCode::BAD_REQUEST)
+                .header(CONTENT_TYPE, "application/json")
+                .body(full(TOOLS_WITH_REASONING))
+                .expect("a valid response"))
+        }
         other => {
+            let other = other.filter(|f| *f != Fault::RefuseToolsWithReasoning);
             let broken = other == Some(Fault::BreakStream);
             let fault = other.filter(|_| !broken);
             let answer = assistant_answer(&chat, number, fault, &quirks);
