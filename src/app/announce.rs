@@ -285,10 +285,15 @@ pub(super) fn chain(settings: &Settings, db: &Database, model: &ModelInfo) {
 pub(super) fn endpoints(settings: &Settings, chain: &ModelChain) {
     for (i, client) in chain.endpoints().iter().enumerate() {
         let role = if i == 0 { "primary" } else { "fallback" };
+        let route = match client.proxy() {
+            Some(proxy) => format!("through the proxy {proxy} (HTTPS_PROXY/HTTP_PROXY)"),
+            None => "direct".to_owned(),
+        };
         tracing::info!(
             endpoint = client.name(),
             role,
-            "model endpoint {}: {} ({role}), its own client, request retry, request timeout and circuit breaker",
+            proxy = client.proxy(),
+            "model endpoint {}: {} ({role}), {route}, its own client, request retry, request timeout and circuit breaker",
             i + 1,
             client.name()
         );

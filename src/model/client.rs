@@ -61,6 +61,8 @@ pub struct ModelClient {
     stack: BoxCloneSyncService<ModelCall, ChatResponse, BoxError>,
     model: Arc<str>,
     reasoning_effort: Option<ReasoningEffort>,
+    /// The forward proxy its requests go through, if the environment names one.
+    proxy: Option<Arc<str>>,
     /// `model@base_url`: [`ModelEndpoint::name`].
     name: Arc<str>,
     /// `model#position`: the metrics' name, without the URL (an address is never a label).
@@ -90,6 +92,7 @@ impl ModelClient {
             endpoint.base_url.trim_end_matches('/')
         );
         let transport = Transport::new(url.parse()?, endpoint.h2c, &settings.transport)?;
+        let proxy = transport.proxy().map(Arc::from);
         let authorization = match &endpoint.api_key {
             Some(key) => {
                 let mut value = HeaderValue::try_from(format!("Bearer {}", key.expose()))
@@ -123,6 +126,7 @@ impl ModelClient {
             stack: BoxCloneSyncService::new(stack),
             model: endpoint.model.as_str().into(),
             reasoning_effort: endpoint.reasoning_effort,
+            proxy,
             name: name.into(),
             metric_label: metric_label.into(),
             breaker,
@@ -132,6 +136,12 @@ impl ModelClient {
 
     pub fn model(&self) -> &str {
         &self.model
+    }
+
+    /// The forward proxy (`http://host:port`) the endpoint's requests go through, if the
+    /// environment (`HTTPS_PROXY`, `HTTP_PROXY`, `NO_PROXY`) names one for it.
+    pub fn proxy(&self) -> Option<&str> {
+        self.proxy.as_deref()
     }
 
     /// What the endpoint's requests say as `reasoning_effort`, if anything.

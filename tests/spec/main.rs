@@ -19,6 +19,7 @@ mod idempotency;
 mod journal;
 mod metrics;
 mod model_behaviour;
+mod model_proxy;
 mod outage;
 mod overload;
 mod process;

@@ -7,6 +7,7 @@ pub mod localstripe;
 pub mod proxy;
 pub mod smtp;
 pub mod stripe;
+pub mod tinyproxy;
 
 use std::io::{BufRead, BufReader};
 use std::net::SocketAddr;
