@@ -94,6 +94,7 @@ impl App {
                     model: scripted::MODEL.to_owned(),
                     h2c: settings.model.h2c,
                     reasoning_effort: settings.model.reasoning_effort,
+                    wire: settings.model.wire_api,
                 };
                 (endpoint, Some(model))
             }

@@ -182,6 +182,7 @@ async fn chat_bodies(client: &reqwest::Client, url: &str) -> Result<(Bytes, Byte
     .to_string();
     let id = call.id.clone();
     chat.messages.push(Message::Assistant {
+        reasoning: Vec::new(),
         content: message.content,
         tool_calls: calls,
     });

@@ -257,6 +257,7 @@ impl Inner {
                     Arc::make_mut(&mut chat).messages.push(Message::Assistant {
                         content: reply.content,
                         tool_calls: Vec::new(),
+                        reasoning: reply.reasoning,
                     });
                     Arc::make_mut(&mut chat)
                         .messages
@@ -291,6 +292,7 @@ impl Inner {
             Arc::make_mut(&mut chat).messages.push(Message::Assistant {
                 content: reply.content,
                 tool_calls: calls.clone(),
+                reasoning: reply.reasoning,
             });
             for call in calls {
                 step += 1;

@@ -160,6 +160,10 @@ pub enum Message {
         content: Option<String>,
         #[serde(default, skip_serializing_if = "Vec::is_empty")]
         tool_calls: Vec<ToolCall>,
+        /// The Responses API's reasoning items that came with this answer: sent back
+        /// before it on that wire (`responses.rs`), never in a chat-completions request.
+        #[serde(default, skip_serializing)]
+        reasoning: Vec<serde_json::Value>,
     },
     Tool {
         tool_call_id: String,
@@ -232,6 +236,15 @@ pub struct AssistantMessage {
         deserialize_with = "received_calls"
     )]
     pub tool_calls: Option<Vec<ToolCall>>,
+    /// The reasoning items a Responses endpoint returned with the answer, as it gave them
+    /// (`responses.rs`): journaled with the answer, so a replayed or resumed loop sends
+    /// them back too. Named apart from any field a chat server sends.
+    #[serde(
+        rename = "reasoning_items",
+        default,
+        skip_serializing_if = "Vec::is_empty"
+    )]
+    pub reasoning: Vec<serde_json::Value>,
 }
 
 /// A tool call as a server sends it. Some (Ollama's native API, some proxies) send the
@@ -368,6 +381,7 @@ mod tests {
         let call =
             arguments(r#"{"id":"c","function":{"name":"charge","arguments":{"orderId":"A-1"}}}"#);
         let echoed = Message::Assistant {
+            reasoning: Vec::new(),
             content: None,
             tool_calls: vec![ToolCall {
                 id: "c".into(),

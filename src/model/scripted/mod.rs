@@ -1,4 +1,5 @@
-//! The scripted model: an OpenAI-compatible chat-completions server on loopback.
+//! The scripted model: an OpenAI-compatible chat-completions server on loopback, which
+//! also serves the same conversation over the Responses API (`/v1/responses`).
 //!
 //! It is the service's model when no provider is configured, and the tests' model: the
 //! service talks to it over HTTP through the same client as to OpenAI, so no test mocks
@@ -17,6 +18,7 @@
 //! faults) and `script` (what the assistant answers).
 
 mod plan;
+mod responses;
 mod script;
 mod server;
 mod streamed;
@@ -31,6 +33,7 @@ use tokio::net::TcpListener;
 use tokio::task::JoinHandle;
 
 pub use plan::{Fault, FaultRule, RetryAfter, describe};
+pub use responses::reasoning_item;
 use server::{Plan, State, accept_loop};
 
 /// The model name the built-in scripted model goes by, when it is the service's model (no
@@ -78,6 +81,7 @@ impl ScriptedModel {
             output_tokens: AtomicU64::new(0),
             http2_requests: AtomicU64::new(0),
             streamed_requests: AtomicU64::new(0),
+            responses_requests: AtomicU64::new(0),
             connections: AtomicU64::new(0),
             by_round: Mutex::new(Vec::new()),
             arrivals: Mutex::new(Vec::new()),
@@ -127,6 +131,12 @@ impl ScriptedModel {
     /// Chat-completions requests that asked for a streamed answer (`stream: true`).
     pub fn streamed_requests(&self) -> u64 {
         self.state.streamed_requests.load(Ordering::SeqCst)
+    }
+
+    /// Requests to `/v1/responses` (the Responses API) so far, faulted ones included;
+    /// [`requests`](Self::requests) counts them too.
+    pub fn responses_requests(&self) -> u64 {
+        self.state.responses_requests.load(Ordering::SeqCst)
     }
 
     /// Requests received so far for round `round` (1-based).

@@ -35,6 +35,8 @@ pub(super) struct State {
     pub(super) http2_requests: AtomicU64,
     /// Chat-completions requests that asked `stream: true`.
     pub(super) streamed_requests: AtomicU64,
+    /// Requests to `/v1/responses`.
+    pub(super) responses_requests: AtomicU64,
     pub(super) connections: AtomicU64,
     pub(super) by_round: Mutex<Vec<u64>>,
     pub(super) arrivals: Mutex<Vec<Instant>>,
@@ -102,8 +104,9 @@ async fn handle(state: Arc<State>, request: Request<Incoming>) -> Result<Reply, 
     let path = request.uri().path();
     match (request.method(), path) {
         (&Method::POST, "/v1/chat/completions" | "/chat/completions") => {
-            completions(&state, request).await
+            completions(&state, request, false).await
         }
+        (&Method::POST, "/v1/responses" | "/responses") => completions(&state, request, true).await,
         (&Method::GET, "/v1/models" | "/models") => Ok(json_answer(
             StatusCode::OK,
             &json!({"object": "list", "data": [{"id": super::MODEL, "object": "model", "owned_by": "checkout"}]}),
@@ -123,8 +126,17 @@ async fn handle(state: Arc<State>, request: Request<Incoming>) -> Result<Reply, 
     }
 }
 
-async fn completions(state: &State, request: Request<Incoming>) -> Result<Reply, CloseConnection> {
+/// One model request: a chat completion, or (`responses`) a Responses request, the same
+/// conversation in that API's items (`responses.rs`).
+async fn completions(
+    state: &State,
+    request: Request<Incoming>,
+    responses: bool,
+) -> Result<Reply, CloseConnection> {
     let number = state.requests.fetch_add(1, Ordering::SeqCst) + 1;
+    if responses {
+        state.responses_requests.fetch_add(1, Ordering::SeqCst);
+    }
     if request.version() == hyper::Version::HTTP_2 {
         state.http2_requests.fetch_add(1, Ordering::SeqCst);
     }
@@ -167,13 +179,18 @@ async fn completions(state: &State, request: Request<Incoming>) -> Result<Reply,
             "Incorrect API key provided.",
         ));
     }
-    let chat: ChatRequest = match serde_json::from_slice(&body) {
+    let read = match responses {
+        false => serde_json::from_slice(&body)
+            .map_err(|err| format!("the request is not a chat completion: {err}")),
+        true => super::responses::chat_of(&body),
+    };
+    let chat: ChatRequest = match read {
         Ok(chat) => chat,
-        Err(err) => {
+        Err(why) => {
             return Ok(error_answer(
                 StatusCode::BAD_REQUEST,
                 "invalid_request_error",
-                &format!("the request is not a chat completion: {err}"),
+                &why,
             ));
         }
     };
@@ -280,7 +297,14 @@ async fn completions(state: &State, request: Request<Incoming>) -> Result<Reply,
             state
                 .output_tokens
                 .fetch_add(tokens("completion_tokens"), Ordering::SeqCst);
+            let answer = match responses {
+                true => super::responses::answer_of(&answer, number),
+                false => answer,
+            };
             Ok(match (chat.stream, broken) {
+                (true, _) if responses => {
+                    streamed_answer(streamed::body(super::responses::events(&answer), broken))
+                }
                 (true, _) => {
                     streamed_answer(streamed::body(streamed::pieces(&chat, &answer), broken))
                 }
