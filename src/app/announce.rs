@@ -6,7 +6,7 @@ use crate::config::Settings;
 use crate::db::Database;
 use crate::http::ModelInfo;
 use crate::http::serve::{ASSUMED_DESCRIPTORS, Bounds, Descriptors};
-use crate::model::ModelChain;
+use crate::model::{ModelChain, WireApi};
 use crate::outbox::MailTransport;
 
 /// Memory one waiting loop holds, measured (benchmark figure 2, docs/benchmark.md): what
@@ -289,11 +289,16 @@ pub(super) fn endpoints(settings: &Settings, chain: &ModelChain) {
             Some(proxy) => format!("through the proxy {proxy} (HTTPS_PROXY/HTTP_PROXY)"),
             None => "direct".to_owned(),
         };
+        let api = match client.wire() {
+            WireApi::Chat => "chat completions",
+            WireApi::Responses => "the Responses API (stateless)",
+        };
         tracing::info!(
             endpoint = client.name(),
             role,
+            wire = client.wire().as_str(),
             proxy = client.proxy(),
-            "model endpoint {}: {} ({role}), {route}, its own client, request retry, request timeout and circuit breaker",
+            "model endpoint {}: {} ({role}), {api}, {route}, its own client, request retry, request timeout and circuit breaker",
             i + 1,
             client.name()
         );

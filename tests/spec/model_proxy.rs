@@ -64,7 +64,7 @@ both_backends!(
         assert_eq!(proxy.requests(), Vec::<String>::new());
         assert_eq!(model.requests(), 2);
         assert!(
-            says(&process, "(primary), direct,"),
+            says(&process, "(primary), chat completions, direct,"),
             "{:#?}",
             process.logs()
         );
