@@ -4,6 +4,8 @@
 //! fallbacks know nothing of the wire (a chat endpoint and a Responses one continue each
 //! other's journal).
 //!
+//! Function tools are sent with `strict: false`, as chat completions treats them.
+//!
 //! Stateless: `store: false`, the whole conversation as `input` every turn, never
 //! `previous_response_id`, so a resume on another instance days later, or a turn on
 //! another endpoint, continues from the journal as on chat. The reasoning items a model
@@ -97,6 +99,10 @@ struct FunctionTool<'a> {
     name: &'a str,
     description: &'a str,
     parameters: &'a serde_json::value::RawValue,
+    /// `false`, as chat completions takes a tool without it: strict mode refuses a schema
+    /// with optional properties, and the tools check their arguments themselves. OpenAI's
+    /// document requires the field (`tests/openai/check_requests.py`).
+    strict: bool,
 }
 
 #[derive(Serialize)]
@@ -176,6 +182,7 @@ pub fn write_request(chat: &ChatRequest, out: &mut Vec<u8>) {
                 name: &tool.function.name,
                 description: &tool.function.description,
                 parameters: &tool.function.parameters,
+                strict: false,
             })
             .collect(),
         parallel_tool_calls: true,
@@ -395,7 +402,7 @@ mod tests {
                     {"type": "function_call", "call_id": "call_1", "name": "charge", "arguments": "{\"orderId\":\"A-1\"}"},
                     {"type": "function_call_output", "call_id": "call_1", "output": "charged"},
                 ],
-                "tools": [{"type": "function", "name": "charge", "description": "Charges.", "parameters": {"type": "object"}}],
+                "tools": [{"type": "function", "name": "charge", "description": "Charges.", "parameters": {"type": "object"}, "strict": false}],
                 "parallel_tool_calls": true,
                 "max_output_tokens": 512,
                 "reasoning": {"effort": "low"},

@@ -217,3 +217,67 @@ both_backends!(
         assert_stateless_and_paired(&h.model.recent_requests());
     }
 );
+
+/// Runs `tests/openai/check_requests.py` on `bodies`: one line per body, `ok` or what is
+/// wrong against OpenAI's document.
+fn checked_against_openai(bodies: &[Value]) -> (bool, Vec<String>) {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("bodies.json");
+    std::fs::write(&path, serde_json::to_vec(bodies).unwrap()).unwrap();
+    let python = std::env::var("CHECKOUT_TEST_SCHEMA_PYTHON").unwrap_or_else(|_| "python3".into());
+    let run = std::process::Command::new(&python)
+        .arg("tests/openai/check_requests.py")
+        .arg("tests/fixtures/openai-openapi/create-response.schema.json")
+        .arg(&path)
+        .current_dir(env!("CARGO_MANIFEST_DIR"))
+        .output()
+        .unwrap_or_else(|e| {
+            panic!("{python} with jsonschema is required (scripts/test installs it): {e}")
+        });
+    assert!(
+        run.stderr.is_empty(),
+        "{}",
+        String::from_utf8_lossy(&run.stderr)
+    );
+    let lines = String::from_utf8(run.stdout)
+        .unwrap()
+        .lines()
+        .map(str::to_owned)
+        .collect();
+    (run.status.success(), lines)
+}
+
+both_backends!(
+    every_request_on_the_responses_wire_is_valid_against_openai_s_own_document,
+    |backend| async move {
+        // A checkout and a streamed one, with a reasoning effort: every field the client
+        // sends (`stream`, `reasoning`, reasoning items, calls and outputs) once at least.
+        // Seen failing: without `strict` on the function tools (the document requires it),
+        // every request's tools/0 was "not valid under any of the given schemas".
+        let h = Harness::with(backend, "", |s| {
+            responses(s);
+            s.model.reasoning_effort = Some(checkout::model::ReasoningEffort::Low);
+        })
+        .await;
+        let reply = h.checkout("SCHEMA-1", "42.50").await;
+        assert_eq!(reply.status, 200, "{}", reply.text());
+        let streamed = h
+            .http
+            .post(h.url("/checkout?orderId=SCHEMA-2&amount=42.50"))
+            .header("accept", "text/event-stream")
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(
+            read_all(streamed).await.last().unwrap().kind(),
+            "RUN_FINISHED"
+        );
+        let sent = h.model.recent_requests();
+        assert_eq!(sent.len(), 4);
+        assert_eq!(sent.iter().filter(|r| r["stream"] == true).count(), 2);
+        assert_eq!(items(&sent[1], "reasoning").len(), 1);
+        let (valid, lines) = checked_against_openai(&sent);
+        assert_eq!(lines, ["ok"; 4], "{sent:?}");
+        assert!(valid);
+    }
+);
