@@ -281,3 +281,58 @@ both_backends!(
         assert!(valid);
     }
 );
+
+both_backends!(
+    a_responses_request_that_failed_transiently_is_repeated_by_the_request_retry,
+    |backend| async move {
+        // The request retry is the endpoint's, whatever its wire: round 1's 503 repeated
+        // once, the same body sent again. Seen failing: with a Responses endpoint's error
+        // status read as an answer that cannot be used (not `status_error`), the 503 was
+        // not repeated and the checkout was a 502.
+        let h = Harness::with(backend, "503@1x1", responses).await;
+        let reply = h.checkout("RETRY-1", "3.00").await;
+        assert_eq!(reply.status, 200, "{}", reply.text());
+        assert_eq!(h.db.receipts("RETRY-1").await, 1);
+        assert_eq!(h.model.responses_requests(), 3);
+        assert_eq!(h.model.requests_at_round(1), 2);
+        let sent = h.model.recent_requests();
+        assert_eq!(sent[0], sent[1], "the same request, sent again");
+    }
+);
+
+both_backends!(
+    a_responses_stream_cut_mid_sentence_goes_to_the_fallback,
+    |backend| async move {
+        // Seen failing: with a cut stream taken as the answer (`responses_stream::read`
+        // stopping at the connection's error and returning what it had), the fallback was
+        // never asked.
+        let fallback = scripted("").await;
+        let db = TestDb::new(backend).await;
+        let primary = scripted("break-stream@2").await;
+        let mut s = test_settings(&db, &primary);
+        s.model.name = "primary-model".into();
+        responses(&mut s);
+        s.model.fallback_base_url = Some(fallback.base_url());
+        s.model.fallback_model = Some("fallback-model".into());
+        let h = Harness::serve(db, primary, s).await;
+        let events: Vec<Received> = read_all(
+            h.http
+                .post(h.url("/checkout?orderId=CUT-1&amount=5.00"))
+                .header("accept", "text/event-stream")
+                .send()
+                .await
+                .unwrap(),
+        )
+        .await;
+        let finished = &events.last().unwrap().data;
+        assert_eq!(finished["type"], "RUN_FINISHED", "{finished}");
+        assert_eq!(
+            finished["result"]["usage"]["models"],
+            json!(["primary-model", "fallback-model"])
+        );
+        assert_eq!(h.db.receipts("CUT-1").await, 1);
+        assert_eq!(h.model.responses_requests(), 2);
+        assert_eq!(fallback.responses_requests(), 1);
+        assert_eq!(fallback.requests_at_round(2), 1);
+    }
+);
