@@ -197,20 +197,20 @@ pub fn write_request(chat: &ChatRequest, out: &mut Vec<u8>) {
 
 /// A Responses answer (`object: "response"`) read as the chat wire's answer.
 pub fn read_answer(text: &str) -> Result<ChatResponse, ModelError> {
-    let answer: Value = serde_json::from_str(text).map_err(|err| {
+    let mut answer: Value = serde_json::from_str(text).map_err(|err| {
         let start: String = text.chars().take(80).collect();
         ModelError::unusable(format!(
             "its body is not a Responses answer ({err}); it starts: {start:?}"
         ))
     })?;
-    let Some(output) = answer.get("output").and_then(Value::as_array) else {
+    let Some(Value::Array(output)) = answer.get_mut("output").map(Value::take) else {
         return Err(ModelError::unusable(
             "its body is not a Responses answer: it has no output".into(),
         ));
     };
     let mut assembly = Assembly::default();
     for item in output {
-        assembly.item(item.clone());
+        assembly.item(item);
     }
     assembly.finish(&answer)
 }
