@@ -5,6 +5,7 @@ mod announce;
 
 use std::future::Future;
 use std::net::SocketAddr;
+use std::sync::Arc;
 use std::time::Duration;
 
 use axum::Router;
@@ -13,8 +14,8 @@ use tokio::sync::oneshot;
 
 use crate::approvals::Approvals;
 use crate::assistant::{self, AgentLoop, Assistant, LoopLimits, Memory, ToolBox};
-use crate::caller::{self, AuthMode};
-use crate::config::{ModelSource, Settings};
+use crate::caller;
+use crate::config::{AuthMode, ModelSource, Settings};
 use crate::db::{self, Database, OpenError};
 use crate::http::admission::Admission;
 use crate::http::rate_limit::RateLimit;
@@ -22,12 +23,14 @@ use crate::http::serve::{self, ConnectionLimits};
 use crate::http::{self, AppState, ModelInfo, Parts};
 use crate::idempotency::Records;
 use crate::journal::Journal;
+use crate::journal::wake::Wake;
 use crate::metrics::Metrics;
 use crate::model::scripted::{self, Script, ScriptedModel};
 use crate::model::{ClientSettings, LiveOps, ModelChain, ModelClient, ModelEndpoint};
 use crate::outbox::{Dispatcher, MailTransport, Outbox};
 use crate::payments::stripe::Stripe;
 use crate::payments::{Intents, PaymentGateway, Receipts};
+use crate::webhooks::{Announce, Deliverer, Deliveries};
 use crate::worker::{self, Worker, Workers, every};
 
 /// Why the service could not start.
@@ -110,13 +113,23 @@ impl App {
             ),
             breakers: chain.breakers(),
         };
+        // One registry of the streams that follow operations here, told by every store
+        // that commits journal rows.
+        let wake = Arc::new(Wake::default());
+        // The events the endpoint wants, written by the stores of the facts they announce,
+        // in the data the API shows.
+        let wanted = settings.webhooks.wanted();
+        let receipts = Receipts::new(&db, &wake).announcing(
+            Announce::new(wanted, http::views::charge_event),
+            Announce::new(wanted, http::views::refund_event),
+        );
         let gateway = match settings.stripe() {
             Some(stripe) => PaymentGateway::with_provider(
-                Receipts::new(&db),
+                receipts,
                 Intents::new(&db),
                 Stripe::new(&stripe, &metrics).map_err(StartError::PaymentProvider)?,
             ),
-            None => PaymentGateway::new(Receipts::new(&db)),
+            None => PaymentGateway::new(receipts),
         };
         let limits = LoopLimits {
             max_rounds: settings.assistant.max_rounds,
@@ -124,13 +137,14 @@ impl App {
             max_tokens: assistant::MAX_TOKENS,
         };
         let memory = Memory::new(
-            settings.assistant.journal.then(|| Journal::new(&db)),
+            settings.assistant.journal.then(|| Journal::new(&db, &wake)),
             settings.idempotency.ttl,
         );
         let outbox = Outbox::new(&db, settings.mail.from.clone());
-        let records = Records::new(&db);
+        let records = Records::new(&db, &wake);
         let transport = MailTransport::new(&settings.mail).map_err(StartError::Mail)?;
-        let approvals = Approvals::new(&db, settings.payments.approval_ttl);
+        let approvals = Approvals::new(&db, settings.payments.approval_ttl)
+            .announcing(Announce::new(wanted, http::paused::approval_event));
         let tools = ToolBox::new(
             gateway.clone(),
             outbox.clone(),
@@ -161,6 +175,9 @@ impl App {
         announce::endpoints(&settings, &chain);
         announce::callers(&settings, keys_exist);
         announce::mail(&settings, &transport);
+        announce::webhooks(&settings);
+        let deliverer = Deliverer::new(Deliveries::new(&db), &settings.webhooks, &metrics)
+            .map_err(StartError::Setting)?;
         announce::recovery(&settings);
 
         let gate = caller::Gate::new(
@@ -176,6 +193,9 @@ impl App {
             settings.mail.clone(),
             metrics.clone(),
         ));
+        if let Some(deliverer) = deliverer {
+            workers.spawn(deliverer);
+        }
         workers.spawn(KeySweep {
             records: records.clone(),
             ttl: settings.idempotency.ttl,
@@ -206,6 +226,7 @@ impl App {
             admission,
             rate_limit,
             live,
+            wake,
         });
         if recovering {
             workers.spawn(http::recovery::Recovery(state.clone()));

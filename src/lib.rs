@@ -23,6 +23,7 @@ pub mod payments;
 pub mod retry;
 pub mod secret;
 pub mod telemetry;
+pub mod webhooks;
 pub mod worker;
 
 pub use app::{App, ServeError, StartError};

@@ -32,6 +32,7 @@ mod approvals;
 mod breaker;
 mod genai;
 mod refunds;
+mod webhooks;
 
 pub use genai::GenAiTarget;
 
@@ -138,9 +139,12 @@ const GAUGES: &[&Def] = &[
     &IN_FLIGHT_LIMIT,
     &breaker::STATE,
     &approvals::PENDING,
+    &webhooks::PENDING,
+    &webhooks::OLDEST,
 ];
 
 const CATALOGUE: &[&Def] = &[
+    &webhooks::DELIVERIES,
     &approvals::DECIDED,
     &refunds::REFUNDS,
     &refunds::REFUNDED,
@@ -319,6 +323,7 @@ impl Metrics {
         }
         metrics.approvals_start();
         metrics.refunds_start();
+        metrics.webhooks_start();
         metrics
     }
 

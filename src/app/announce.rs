@@ -1,26 +1,23 @@
 //! The start-up lines: what the service is about to do, said once, before it listens.
 //! The resilience chain is numbered outermost first, each layer with its unit and numbers.
 
-use crate::caller::{self, AuthMode};
-use crate::config::Settings;
+use crate::caller;
+use crate::config::{self, AuthMode, Settings};
 use crate::db::Database;
 use crate::http::ModelInfo;
 use crate::http::serve::{ASSUMED_DESCRIPTORS, Bounds, Descriptors};
 use crate::model::{ModelChain, WireApi};
 use crate::outbox::MailTransport;
 
-/// Memory one waiting loop holds, measured (benchmark figure 2, docs/benchmark.md): what
-/// the bound on loops stands for. Over `http://` the model requests go on connections of
-/// the `h2` crate's own: 14 KB a loop; over HTTP/1.1, a connection each way through
-/// hyper-util's pooled client, 53 KB; to an `https://` provider through that client's
-/// HTTP/2, 21 KB.
+/// Memory one waiting loop holds, as figure 2 measured it (`config::BYTES_PER_LOOP_*`):
+/// what the bound on loops stands for.
 fn bytes_per_loop(settings: &Settings, bounds: &Bounds) -> usize {
     if bounds.per_loop > 1 {
-        53 * 1000
+        config::BYTES_PER_LOOP_HTTP1
     } else if settings.model_over_https() {
-        21 * 1000
+        config::BYTES_PER_LOOP_HTTPS
     } else {
-        14 * 1000
+        config::BYTES_PER_LOOP_H2C
     }
 }
 
@@ -120,6 +117,31 @@ pub(super) fn recovery(settings: &Settings) {
 }
 
 /// The start-up line that says where confirmation emails go.
+pub(super) fn webhooks(settings: &Settings) {
+    let hooks = &settings.webhooks;
+    match &hooks.url {
+        Some(url) => {
+            let events: Vec<_> = hooks.wanted().types().map(|t| t.as_str()).collect();
+            let schedule: Vec<_> = hooks
+                .retry_schedule
+                .iter()
+                .map(|d| format!("{} ms", d.as_millis()))
+                .collect();
+            tracing::info!(
+                url,
+                "webhooks: {} sent to {url} as Standard Webhooks (signed with CHECKOUT_WEBHOOK_SECRET), each written in the transaction of its fact; an attempt takes at most {} ms, retried after {} (Retry-After on 429/503), then recorded failed; 410 disables the endpoint; an event claimed by an instance that died is sent again after {} ms, with the same webhook-id",
+                events.join(", "),
+                hooks.timeout.as_millis(),
+                schedule.join(", "),
+                hooks.lease.as_millis()
+            );
+        }
+        None => tracing::info!(
+            "webhooks: no CHECKOUT_WEBHOOK_URL is set, so no event is written or sent"
+        ),
+    }
+}
+
 pub(super) fn mail(settings: &Settings, transport: &MailTransport) {
     let mail = &settings.mail;
     let from = mail.from.to_string();

@@ -17,10 +17,17 @@ use std::time::Duration;
 use chrono::{DateTime, Utc};
 use uuid::Uuid;
 
+mod links;
+
+pub use links::{LinkDecision, Links};
+
+use links::{LINK, token_hash};
+
 use crate::db::{BeginWrite, Conn, Database, StoreError, on_conn};
 use crate::idempotency::{Lease, PAUSE, REOPEN, SETTLE_PAUSED, Saved};
 use crate::journal;
 use crate::payments::{Currency, Effect, Money, Order};
+use crate::webhooks::{self, Announce, EventType};
 
 /// Where an approval stands.
 #[derive(
@@ -111,6 +118,8 @@ pub struct Approvals {
     db: Database,
     /// How long an approval waits for a decision.
     ttl: Duration,
+    /// `approval.requested` and the decisions' events, written with them.
+    events: Announce<Approval>,
 }
 
 const ASK: &str = "\
@@ -144,7 +153,28 @@ impl Approvals {
         Approvals {
             db: db.clone(),
             ttl,
+            events: Announce::none(),
         }
+    }
+
+    /// These approvals, writing the events `events` wants with the request and the
+    /// decisions.
+    pub fn announcing(mut self, events: Announce<Approval>) -> Self {
+        self.events = events;
+        self
+    }
+
+    /// The event `t` of the approval `id` as it stands in `tx`, written there, if wanted.
+    async fn announce(&self, conn: Conn<'_>, id: Uuid, t: EventType) -> Result<(), StoreError> {
+        if !self.events.wants(t) {
+            return Ok(());
+        }
+        let mut conn = conn;
+        let approval = get(conn.reborrow(), id)
+            .await?
+            .ok_or_else(|| StoreError::Corrupt(format!("approval {id} vanished as decided")))?;
+        let at = approval.decided_at.unwrap_or(approval.created_at);
+        webhooks::insert_some(conn, self.events.event(t, &approval, at).as_ref()).await
     }
 
     /// The approval of `caller`'s operation `operation_key`, if it has one.
@@ -172,6 +202,7 @@ impl Approvals {
         order: &Order,
         kind: Effect,
         keep: Duration,
+        links: Option<&Links>,
         answer: impl FnOnce(&Approval) -> Saved,
     ) -> Result<Paused, StoreError> {
         let amount = order.amount();
@@ -180,7 +211,7 @@ impl Approvals {
         let mut conn = self.db.acquire().await?;
         on_conn!(conn.conn(), c => {
             let mut tx = c.begin_write().await?;
-            sqlx::query(ASK)
+            let asked = sqlx::query(ASK)
                 .bind(&id)
                 .bind(caller)
                 .bind(key)
@@ -190,7 +221,9 @@ impl Approvals {
                 .bind(millis(self.ttl))
                 .bind(kind.as_str())
                 .execute(&mut *tx)
-                .await?;
+                .await?
+                .rows_affected()
+                == 1;
             let row: Row = sqlx::query_as(OF_OPERATION)
                 .bind(caller)
                 .bind(key)
@@ -223,6 +256,31 @@ impl Approvals {
                 .bind(until)
                 .execute(&mut *tx)
                 .await?;
+            if let Some(links) = links.filter(|_| asked) {
+                for (token, decision) in [
+                    (&links.approve, LinkDecision::Approve),
+                    (&links.deny, LinkDecision::Deny),
+                ] {
+                    sqlx::query(LINK)
+                        .bind(token_hash(token))
+                        .bind(&id)
+                        .bind(decision.as_str())
+                        .execute(&mut *tx)
+                        .await?;
+                }
+            }
+            // Announced once: by the pause that asked for it, with its links.
+            let requested = asked
+                .then(|| {
+                    self.events.event_with(
+                        EventType::ApprovalRequested,
+                        &approval,
+                        approval.created_at,
+                        links.map(|l| &l.announced),
+                    )
+                })
+                .flatten();
+            webhooks::insert_some(Conn::from(&mut *tx), requested.as_ref()).await?;
             tx.commit().await?;
             Ok(Paused::Now(approval))
         })
@@ -271,14 +329,17 @@ impl Approvals {
                 .fetch_optional(&mut *tx)
                 .await?;
             let decided = match approved {
-                Some((caller, key)) => Some(
-                    sqlx::query_scalar::<_, i64>(REOPEN)
+                Some((caller, key)) => {
+                    let fence = sqlx::query_scalar::<_, i64>(REOPEN)
                         .bind(caller)
                         .bind(key)
                         .bind(millis(lease))
                         .fetch_optional(&mut *tx)
-                        .await?,
-                ),
+                        .await?;
+                    self.announce(Conn::from(&mut *tx), id, EventType::ApprovalApproved)
+                        .await?;
+                    Some(fence)
+                }
                 None => None,
             };
             tx.commit().await?;
@@ -310,7 +371,15 @@ impl Approvals {
                 ..a.clone()
             })
         };
-        self.settle(id, DENY, Some(by), reason, denied).await
+        self.settle(
+            id,
+            DENY,
+            EventType::ApprovalDenied,
+            Some(by),
+            reason,
+            denied,
+        )
+        .await
     }
 
     /// Marks `id` expired if it is pending past its expiry, and in the same transaction
@@ -320,16 +389,19 @@ impl Approvals {
         id: Uuid,
         answer: impl FnOnce(&Approval) -> Saved,
     ) -> Result<Decided, StoreError> {
-        self.settle(id, EXPIRE, None, None, answer).await
+        self.settle(id, EXPIRE, EventType::ApprovalExpired, None, None, answer)
+            .await
     }
 
     /// A decision that ends the operation without running it (`DENY`, `EXPIRE`: `$1` id,
     /// `$2` by, `$3` reason): the approval's conditional update and, if it took, `answer`
-    /// in place of the operation's 202, in one transaction.
+    /// in place of the operation's 202 and the decision's event `announced`, in one
+    /// transaction.
     async fn settle(
         &self,
         id: Uuid,
         decision: &'static str,
+        announced: EventType,
         by: Option<&str>,
         reason: Option<&str>,
         answer: impl FnOnce(&Approval) -> Saved,
@@ -357,6 +429,7 @@ impl Approvals {
                     .bind(saved.body.as_slice())
                     .execute(&mut *tx)
                     .await?;
+                self.announce(Conn::from(&mut *tx), id, announced).await?;
             }
             tx.commit().await?;
             decided.is_some()

@@ -183,8 +183,8 @@ impl Inner {
         // The futures awaited here are small: the journal, the model client and the tools
         // box what is large inside them (a database statement, a provider's HTTP call),
         // so a checkout allocates only for what it runs (docs/benchmark.md, figure 7).
-        // The tool call (1.3 KB) is boxed here: inline, a loop waiting on the model would
-        // keep room for it.
+        // The tool call is boxed here: inline, a loop waiting on the model would keep room
+        // for it.
         let mut replay = self.memory.recall(ctx, &pins, attempt).await?;
         let mut receipt: Option<Receipt> = None;
         let mut nudges = 0;
@@ -215,9 +215,9 @@ impl Inner {
                     ctx.used(&completion);
                     // Journaled with the first tool result it leads to (in the tool's
                     // own commit, when it has an effect), or alone if it asks for none.
-                    // Room for it alone: grown from empty, a Vec of these takes four
-                    // (864 B), and thousands of checkouts hold theirs while their charges
-                    // queue (figure 12).
+                    // Room for it alone: grown from empty, a Vec of these takes four,
+                    // and thousands of checkouts hold theirs while their charges queue
+                    // (figure 12).
                     if let Some(entry) = self.memory.answer(
                         ctx,
                         step,
@@ -335,8 +335,8 @@ impl Inner {
                                 .remember(ctx, std::mem::take(&mut pending))
                                 .await?;
                         }
-                        // Emptied, not cleared: its room (four entries, some 860 B) would
-                        // be kept while the next round waits on the model (figure 12).
+                        // Emptied, not cleared: its room would be kept while the next
+                        // round waits on the model (figure 12).
                         pending = Vec::new();
                         output
                     }

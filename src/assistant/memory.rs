@@ -78,7 +78,7 @@ impl Memory {
             return Ok(Replay::default());
         }
         // Boxed: inline, the database's future would make every call's future as large as
-        // itself (about 15 KB), also for the operations that never reach it.
+        // itself, also for the operations that never reach it (figure 2).
         let entries = Box::pin(journal.load(&key.caller, &key.operation_key)).await?;
         let Some(first) = entries.first() else {
             return Ok(Replay::default());

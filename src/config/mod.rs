@@ -20,7 +20,6 @@ use std::path::PathBuf;
 use std::time::Duration;
 
 use crate::assistant::LoopRetrySettings;
-use crate::caller::AuthMode;
 use crate::db::PoolSettings;
 use crate::model::scripted::FaultRule;
 use crate::model::{
@@ -32,6 +31,7 @@ use crate::payments::PerCurrency;
 use crate::payments::stripe::StripeSettings;
 use crate::secret::Secret;
 use crate::telemetry::LogFormat;
+use crate::webhooks::WebhookSettings;
 
 pub const DEFAULT_CONFIG: &str = "config/default.toml";
 pub const OPENAI_BASE_URL: &str = "https://api.openai.com/v1";
@@ -57,6 +57,8 @@ pub struct Settings {
     pub scripted: ScriptedSettings,
     /// The confirmation email: where it goes, from whom, how it is retried.
     pub mail: MailSettings,
+    /// The operator's webhook endpoint: which events, signed how, retried when.
+    pub webhooks: WebhookSettings,
     pub log_format: LogFormat,
 }
 
@@ -69,6 +71,37 @@ pub struct ServerSettings {
     pub body_limit_bytes: usize,
     /// When a caller must send an API key (`CHECKOUT_AUTH`).
     pub auth: AuthMode,
+}
+
+/// `CHECKOUT_AUTH`: when a caller must send an API key.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum AuthMode {
+    /// Open while no API key exists (a revoked one counts) and only on a loopback
+    /// address; keys required once one exists.
+    Auto,
+    /// A valid key on every request, even while none exists.
+    Required,
+    /// Open on any address: no key is asked for or read.
+    Off,
+}
+
+impl AuthMode {
+    pub fn parse(v: &str) -> Result<AuthMode, String> {
+        match v {
+            "auto" => Ok(AuthMode::Auto),
+            "required" => Ok(AuthMode::Required),
+            "off" => Ok(AuthMode::Off),
+            _ => Err(format!("{v:?} is none of auto, required, off")),
+        }
+    }
+
+    pub fn as_str(self) -> &'static str {
+        match self {
+            AuthMode::Auto => "auto",
+            AuthMode::Required => "required",
+            AuthMode::Off => "off",
+        }
+    }
 }
 
 #[derive(Clone, Debug)]
@@ -189,11 +222,21 @@ pub struct OverloadSettings {
     pub max_connections: usize,
 }
 
-/// The default bound on loops: 10,000 x ~14 KB per waiting loop over HTTP/2 and h2c
-/// (benchmark figure 2, docs/benchmark.md) ~= 140 MB over the base, 146 to 152 MiB
-/// resident in all as measured at 10,000 in flight (~21 KB a loop to an `https://`
-/// provider; about 47 KB over HTTP/1.1, a connection each).
+/// The default bound on loops: what 10,000 loops hold ([`BYTES_PER_LOOP_H2C`] each over
+/// h2c) fits a small instance, as figure 2 of docs/benchmark.md checks at 10,000 in
+/// flight.
 pub const DEFAULT_MAX_IN_FLIGHT: usize = 10_000;
+
+/// Memory one waiting loop holds, by how its model requests travel: what the start-up
+/// line multiplies the bound on loops by. Measured by figure 2 of docs/benchmark.md
+/// (`cargo run --release -p checkout-bench -- --only loops`, `--http1` for HTTP/1.1,
+/// `https://` against a TLS model server); update them from its latest run, here only.
+/// Over `http://`, the `h2` crate's own connections.
+pub const BYTES_PER_LOOP_H2C: usize = 12_600;
+/// To an `https://` provider, through hyper-util's pooled client's HTTP/2.
+pub const BYTES_PER_LOOP_HTTPS: usize = 21_000;
+/// Over HTTP/1.1, a connection each way.
+pub const BYTES_PER_LOOP_HTTP1: usize = 47_000;
 
 impl OverloadSettings {
     /// The burst the rate limit allows (twice the rate unless set).
@@ -320,6 +363,7 @@ impl Default for Settings {
                 backoff_min: Duration::from_millis(1_000),
                 backoff_max: Duration::from_millis(300_000),
             },
+            webhooks: WebhookSettings::default(),
             log_format: LogFormat::Text,
         }
     }
@@ -393,6 +437,21 @@ impl Settings {
                 message: "is required with CHECKOUT_PAYMENT_PROVIDER=stripe (a test-mode key sk_test_… to try it)".into(),
             }
             .into());
+        }
+        if self.webhooks.url.is_some() && self.webhooks.secret.is_none() {
+            return Err(SettingError {
+                env: "CHECKOUT_WEBHOOK_SECRET",
+                key: "webhook_secret",
+                message: "is required with CHECKOUT_WEBHOOK_URL (whsec_ + base64 of 24 to 64 random bytes: every event is signed with it)".into(),
+            }
+            .into());
+        }
+        if self.webhooks.lease <= self.webhooks.timeout {
+            return Err(ConfigError::Combination(format!(
+                "CHECKOUT_WEBHOOK_LEASE_MS ({}) must be longer than CHECKOUT_WEBHOOK_TIMEOUT_MS ({}): another instance would send an event while its attempt still runs",
+                ms(self.webhooks.lease),
+                ms(self.webhooks.timeout)
+            )));
         }
         if self.overload.rate_burst > 0 && self.overload.rate_per_sec == 0 {
             return Err(ConfigError::Combination(

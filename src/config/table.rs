@@ -4,14 +4,14 @@ use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::time::Duration;
 
-use super::{PaymentProvider, Settings};
-use crate::caller::AuthMode;
+use super::{AuthMode, PaymentProvider, Settings};
 use crate::model::scripted::FaultRule;
 use crate::model::{ReasoningEffort, WireApi};
 use crate::outbox::MailSettings;
 use crate::payments::PerCurrency;
 use crate::secret::Secret;
 use crate::telemetry::LogFormat;
+use crate::webhooks::{SigningKey, WebhookSettings};
 
 type Setter = fn(&mut Settings, &str) -> Result<(), String>;
 
@@ -89,6 +89,13 @@ pub const SETTINGS: &[(&str, &str, Setter)] = &[
     ("mail_max_attempts", "CHECKOUT_MAIL_MAX_ATTEMPTS", |s, v| put(&mut s.mail.max_attempts, number(v, 1, 100))),
     ("mail_backoff_ms", "CHECKOUT_MAIL_BACKOFF_MS", |s, v| put(&mut s.mail.backoff_min, millis(v, 1))),
     ("mail_backoff_max_ms", "CHECKOUT_MAIL_BACKOFF_MAX_MS", |s, v| put(&mut s.mail.backoff_max, millis(v, 1))),
+    ("webhook_url", "CHECKOUT_WEBHOOK_URL", |s, v| put(&mut s.webhooks.url, if v.is_empty() { Ok(None) } else { http_url(v).map(Some) })),
+    ("public_url", "CHECKOUT_PUBLIC_URL", |s, v| put(&mut s.webhooks.public_url, if v.is_empty() { Ok(None) } else { http_url(v).map(Some) })),
+    ("webhook_secret", "CHECKOUT_WEBHOOK_SECRET", |s, v| put(&mut s.webhooks.secret, webhook_secret(v))),
+    ("webhook_events", "CHECKOUT_WEBHOOK_EVENTS", |s, v| put(&mut s.webhooks.events, WebhookSettings::parse_events(v))),
+    ("webhook_retry_schedule", "CHECKOUT_WEBHOOK_RETRY_SCHEDULE", |s, v| put(&mut s.webhooks.retry_schedule, WebhookSettings::parse_schedule(v))),
+    ("webhook_timeout_ms", "CHECKOUT_WEBHOOK_TIMEOUT_MS", |s, v| put(&mut s.webhooks.timeout, millis(v, 100).and_then(at_most_30_s))),
+    ("webhook_lease_ms", "CHECKOUT_WEBHOOK_LEASE_MS", |s, v| put(&mut s.webhooks.lease, millis(v, 100))),
     ("log_format", "CHECKOUT_LOG_FORMAT", |s, v| put(&mut s.log_format, log_format(v))),
 ];
 
@@ -124,6 +131,16 @@ fn smtp_url(v: &str) -> Result<Option<Secret>, String> {
     }
     MailSettings::check_url(v)?;
     Ok(Some(Secret::new(v)))
+}
+
+/// Empty means none; else `whsec_` + base64 of 24 to 64 bytes.
+fn webhook_secret(v: &str) -> Result<Option<Secret>, String> {
+    if v.is_empty() {
+        return Ok(None);
+    }
+    let secret = Secret::new(v);
+    SigningKey::parse(&secret)?;
+    Ok(Some(secret))
 }
 
 fn not_empty(v: &str) -> Result<String, String> {

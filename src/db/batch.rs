@@ -16,8 +16,9 @@
 //! which the statement reads with `jsonb_each`: SQLite has no arrays, and this is its
 //! `UNNEST`. A statement's text is then the same for a group of any size, prepared once
 //! per connection. Written as a multi-row `VALUES`, every group size was a text of its
-//! own, parsed afresh: under 64 keyed checkouts in flight, SQLite's parser was 42 % of
-//! the instructions of SQLite's thread (callgrind), the thread every write waits for.
+//! own, parsed afresh: under 64 keyed checkouts in flight, SQLite's parser took a large
+//! share of the instructions of SQLite's thread (callgrind), the thread every write waits
+//! for.
 //!
 //! A statement that returns rows returns each as one JSON array of its values
 //! (`RETURNING json_array(…)`, Postgres's parts `json_build_array(…)`), read back with
@@ -143,11 +144,11 @@ impl Returned {
 
 /// Postgres: what every table's group of the moment writes, as one statement.
 ///
-/// A statement a table, each its own round trip and commit, cost Postgres some 125 µs of
-/// CPU beyond its rows (a `pgbench` of two inserts apart against the two as one
-/// statement's CTEs, generic plans), and the service about as much again (issue 34): at
-/// 64 keyed checkouts in flight, the claims', charges' and saved answers' groups were
-/// 0.39 statements a checkout, and keyed checkouts spent twice a keyless one's CPU.
+/// Postgres pays a statement, not a row: a statement a table, each its own round trip and
+/// commit, cost Postgres's CPU and the service's far beyond its rows (`pgbench` of two
+/// inserts apart against the two as one statement's CTEs, generic plans), and keyed
+/// checkouts, with three tables' groups, spent twice a keyless one's CPU (figure 13,
+/// docs/benchmark.md).
 ///
 /// Each table adds a part: its data-modifying CTEs, whose parameters it numbers `$1`,
 /// `$2`… in its own text (they are numbered on after those of the parts before), and the

@@ -12,6 +12,16 @@ pub enum Conn<'c> {
     Sqlite(&'c mut SqliteConnection),
 }
 
+impl Conn<'_> {
+    /// This connection, lent again for one statement of several.
+    pub fn reborrow(&mut self) -> Conn<'_> {
+        match self {
+            Conn::Postgres(c) => Conn::Postgres(c),
+            Conn::Sqlite(c) => Conn::Sqlite(c),
+        }
+    }
+}
+
 /// A connection held from the pool until dropped.
 pub enum Pooled {
     Postgres(PoolConnection<Postgres>),

@@ -25,8 +25,6 @@ use sqlx::sqlite::{
     SqliteConnectOptions, SqliteJournalMode, SqlitePool, SqlitePoolOptions, SqliteSynchronous,
 };
 
-use crate::journal::wake::Wake;
-
 pub use batch::{Batch, PgBatch, PgBinder, PgPart, Returned};
 pub use conn::{BeginWrite, Conn, Pooled};
 pub use error::StoreError;
@@ -61,10 +59,7 @@ pub struct Database {
     /// writes whole, but two services sharing one file would each believe its pool and its
     /// idempotency leases are the only ones. So the file is locked for the process lifetime.
     _lock: Option<Arc<File>>,
-    /// The streams of this process that follow an operation's journal, woken when its
-    /// rows commit here.
-    wake: Arc<Wake>,
-    /// The one writer of every table's groups (`group.rs`), started with the first
+    /// The one writer of every table's groups (`group/`), started with the first
     /// table's; weak, so that it ends with the tables' writers.
     writer: Arc<std::sync::Mutex<Option<WeakWriter>>>,
     /// The SQLite file, for the writer's own connection.
@@ -124,9 +119,8 @@ pub enum OpenError {
 /// Statements are logged (at debug) only when the log takes debug lines at all. Else sqlx
 /// asks whether its line is wanted after every statement, through tracing-log and the
 /// per-layer filters, is told yes, and builds the statement's summary for a line nobody
-/// writes (about 1 % of a keyless checkout's instructions on Postgres: 472,002 -> 467,777
-/// by scripts/callgrind-profile). Slow statements stay logged at warn (sqlx's default:
-/// over 1 s).
+/// writes (`scripts/callgrind-profile` counts it in a keyless checkout's instructions).
+/// Slow statements stay logged at warn (sqlx's default: over 1 s).
 fn statement_level() -> log::LevelFilter {
     match crate::telemetry::debug_logs() {
         true => log::LevelFilter::Debug,
@@ -158,7 +152,6 @@ impl Database {
             Ok(Database {
                 pool: Pool::Postgres(pg),
                 _lock: None,
-                wake: Arc::default(),
                 writer: Arc::default(),
                 sqlite_file: None,
             })
@@ -203,18 +196,12 @@ impl Database {
             Ok(Database {
                 pool: Pool::Sqlite(sqlite),
                 _lock: Some(lock),
-                wake: Arc::default(),
                 writer: Arc::default(),
                 sqlite_file: Some(Arc::new(sqlite_file)),
             })
         } else {
             Err(OpenError::Scheme(url.chars().take(40).collect()))
         }
-    }
-
-    /// The registry that wakes this process's streams when journal rows commit.
-    pub fn wake(&self) -> &Arc<Wake> {
-        &self.wake
     }
 
     /// The one writer of every table's groups, started with the first table's.

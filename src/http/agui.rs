@@ -4,7 +4,7 @@
 //! `resume` answers the approval's interrupt is that decision (docs/streaming.md).
 
 use axum::body::Bytes;
-use axum::extract::{Extension, Path, State};
+use axum::extract::{Extension, State};
 use axum::response::{IntoResponse, Response};
 use serde::Deserialize;
 use serde_json::Value;
@@ -266,12 +266,8 @@ async fn decide(
             .into_response();
         }
         Err(err) => {
-            return Problem::new(
-                Code::Unavailable,
-                format!("cannot read the approval: {err}"),
-            )
-            .retry_after(1)
-            .into_response();
+            return Problem::unavailable(format!("cannot read the approval: {err}"))
+                .into_response();
         }
     };
     // The new run goes on from the interrupt: it restates the answer that asked for the
@@ -290,12 +286,8 @@ async fn decide(
             None => Position::default(),
         },
         Err(err) => {
-            return Problem::new(
-                Code::Unavailable,
-                format!("cannot read the operation: {err}"),
-            )
-            .retry_after(1)
-            .into_response();
+            return Problem::unavailable(format!("cannot read the operation: {err}"))
+                .into_response();
         }
     };
     let tail = Tail {
@@ -303,21 +295,18 @@ async fn decide(
         announce: true,
         ..Tail::new(&app, &approval.caller, key.as_str(), run_id)
     };
-    let id = id.to_string();
+
     if approve {
         // Watched while the approved run goes on: its closing sentence is streamed live.
         let watched = app.live().open(&approval.caller, key.as_str());
         let run = tokio::spawn(async move {
             let _watched = watched;
-            approvals::approve(State(app), Extension(caller), Path(id)).await
+            approvals::decide::approve(&app, &caller, id).await
         });
         return stream::respond(tail, Finish::Task(run));
     }
-    let reason = entry.payload.get("reason").and_then(Value::as_str);
-    let body = reason.map_or_else(String::new, |r| {
-        serde_json::json!({ "reason": r }).to_string()
-    });
-    let denied = approvals::deny(State(app), Extension(caller), Path(id), Bytes::from(body)).await;
+    let reason = (entry.payload.get("reason").and_then(Value::as_str)).map(str::to_owned);
+    let denied = approvals::decide::deny(&app, &caller, id, reason).await;
     if !denied.status().is_success() {
         return denied;
     }

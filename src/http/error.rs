@@ -291,6 +291,12 @@ impl Problem {
     }
 
     /// A 400 naming the field, parameter or header at fault.
+    /// A 503 `unavailable` (the database, or another store, could not be reached): worth
+    /// a retry in a second.
+    pub fn unavailable(detail: impl Into<String>) -> Self {
+        Problem::new(Code::Unavailable, detail).retry_after(1)
+    }
+
     pub fn invalid(field: &str, detail: impl Into<String>) -> Self {
         let mut problem = Problem::new(Code::InvalidRequest, detail);
         problem.body.field = Some(field.to_owned());

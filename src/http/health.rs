@@ -13,7 +13,7 @@ use std::collections::BTreeMap;
 use utoipa::IntoResponses;
 use utoipa::openapi::{RefOr, Response as DocResponse};
 
-use super::error::{Code, Problem, documented};
+use super::error::{Problem, documented};
 
 #[derive(Serialize, ToSchema)]
 pub struct Live {
@@ -101,11 +101,7 @@ impl IntoResponses for NotReady {
 }
 
 fn not_ready(database: &str, err: impl std::fmt::Display) -> Problem {
-    Problem::new(
-        Code::Unavailable,
-        format!("the {database} database does not answer: {err}"),
-    )
-    .retry_after(1)
+    Problem::unavailable(format!("the {database} database does not answer: {err}"))
 }
 
 #[utoipa::path(

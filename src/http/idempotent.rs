@@ -35,8 +35,8 @@ pub const REPLAYED: &str = "idempotent-replayed";
 /// What it is given, the record's calls and the claim are a box of their own, freed once
 /// the work is under way: what waits for the work is the work's box and a few words. As
 /// one `async fn`, every keyed operation held its arguments (the work's captures, the
-/// fingerprint, the keys) and its claim's state for as long as it ran (bench figure 12,
-/// heaptrack: a streamed checkout's task was 1,280 B, 384 B now).
+/// fingerprint, the keys) and its claim's state for as long as it ran (bench figure 12
+/// under heaptrack).
 pub fn once<F>(
     app: AppState,
     caller: String,
@@ -96,7 +96,7 @@ where
             Err(err) => Err(err),
         },
     };
-    // Not kept while the work runs: some 480 B of a streamed checkout's (bench figure 12).
+    // Not kept while the work runs (bench figure 12).
     drop(fingerprint);
     if !matches!(begun, Ok(Begin::Owner(_)))
         && let Some(slot) = slot.take()
@@ -140,11 +140,7 @@ where
         )
         .retry_after(whole_seconds(retry_after))
         .into_response(),
-        Err(err) => Problem::new(
-            Code::Unavailable,
-            format!("cannot read the Idempotency-Key record: {err}; nothing was run"),
-        )
-        .retry_after(1)
+        Err(err) => Problem::unavailable(format!("cannot read the Idempotency-Key record: {err}; nothing was run"))
         .into_response(),
     })
 }

@@ -14,14 +14,17 @@ pub mod idempotent;
 pub mod metrics;
 pub mod operation;
 pub mod operations;
+pub mod paused;
 pub mod rate_limit;
 pub mod receipts;
 pub mod recovery;
 pub mod refunds;
+mod resume;
 pub mod schema;
 pub mod serve;
 pub mod state;
 pub mod stream;
+pub mod views;
 
 use std::time::Duration;
 
@@ -178,6 +181,10 @@ fn api_parts(state: Option<&AppState>) -> (Router<AppState>, utoipa::openapi::Op
         .routes(routes!(health::live))
         .routes(routes!(health::ready))
         .routes(routes!(metrics::metrics))
+        .routes(routes!(
+            approvals::links::show,
+            approvals::links::decide_by_link
+        ))
         .split_for_parts()
 }
 
@@ -187,7 +194,7 @@ fn read_and_decide() -> OpenApiRouter<AppState> {
         .routes(routes!(refunds::refund))
         .routes(routes!(receipts::get_receipt))
         .routes(routes!(operations::get))
-        .routes(routes!(stream::operation_events))
+        .routes(routes!(operations::operation_events))
         .routes(routes!(approvals::list))
         .routes(routes!(approvals::get))
         .routes(routes!(approvals::approve))

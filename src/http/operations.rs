@@ -3,7 +3,7 @@
 //! saved 202, `Location` included) or runs, else its saved answer, status included.
 
 use axum::extract::{Extension, Path, State};
-use axum::http::StatusCode;
+use axum::http::{HeaderMap, StatusCode};
 use axum::response::{IntoResponse, Response};
 use serde::{Deserialize, Serialize};
 use std::collections::BTreeMap;
@@ -16,10 +16,21 @@ use super::error::{Code, Problem, documented};
 use super::extract::Params;
 use super::idempotent;
 use super::state::AppState;
+use super::stream::{Finish, Position, StreamEvent, Tail, respond};
 use crate::caller::{AuthRefusal, Caller, Scope};
 
 fn not_found(key: &str) -> Response {
     Problem::new(Code::NotFound, format!("there is no operation {key:?}")).into_response()
+}
+
+/// Whose operation `caller` asks for: its own, or another's with the scope `read`
+/// (`None`: another's without it, answered as one that does not exist).
+fn owner(caller: Caller, query: OperationQuery) -> Option<String> {
+    match query.caller {
+        Some(owner) if owner != caller.name && !caller.has(Scope::Read) => None,
+        Some(owner) => Some(owner),
+        None => Some(caller.name),
+    }
 }
 
 /// Whose operation.
@@ -53,11 +64,7 @@ impl IntoResponses for OperationErrors {
             (
                 "`unavailable`: the database could not be reached",
                 vec![
-                    Problem::new(
-                        Code::Unavailable,
-                        "cannot read the operation: pool timed out while waiting for an open connection",
-                    )
-                    .retry_after(1),
+                    Problem::unavailable("cannot read the operation: pool timed out while waiting for an open connection"),
                 ],
             ),
         ]));
@@ -96,7 +103,7 @@ pub struct RunningResponse {
     security(("api_key" = ["checkout"]), ("api_key" = ["read"])),
     responses(
         (status = 200, description = "The operation's saved answer: a checkout's or a refund's, as the operation is (its status may be any the operation answers)", body = OperationResponse),
-        (status = 202, description = "Waiting for an approval, or running", body = super::checkout::PausedResponse),
+        (status = 202, description = "Waiting for an approval, or running", body = super::paused::PausedResponse),
         OperationErrors,
     )
 )]
@@ -107,12 +114,8 @@ pub async fn get(
     Params(query): Params<OperationQuery>,
 ) -> Response {
     // Another caller's operation is 404 without `read`, as one that does not exist.
-    let owner = match query.caller {
-        Some(owner) if owner != caller.name && !caller.has(Scope::Read) => {
-            return not_found(&key);
-        }
-        Some(owner) => owner,
-        None => caller.name,
+    let Some(owner) = owner(caller, query) else {
+        return not_found(&key);
     };
     match app.records().status(&owner, &key).await {
         Ok(Some(Ok(saved))) => idempotent::replay(saved),
@@ -127,11 +130,64 @@ pub async fn get(
         Ok(None) => {
             Problem::new(Code::NotFound, format!("there is no operation {key:?}")).into_response()
         }
-        Err(err) => Problem::new(
-            Code::Unavailable,
-            format!("cannot read the operation: {err}"),
-        )
-        .retry_after(1)
-        .into_response(),
+        Err(err) => {
+            Problem::unavailable(format!("cannot read the operation: {err}")).into_response()
+        }
     }
+}
+
+#[utoipa::path(
+    get,
+    path = "/operations/{operationKey}/events",
+    operation_id = "getOperationEvents",
+    tag = "checkout",
+    summary = "An operation's steps as AG-UI events, resumed after Last-Event-ID",
+    description = "Server-Sent Events in the AG-UI protocol (docs/streaming.md): what the operation's journal holds after `Last-Event-ID` (everything, from `RUN_STARTED`, without it), then its steps live as it runs, on any instance, then its answer as `RUN_FINISHED` (or `RUN_ERROR`). Nothing is run: a dropped stream resumed here never runs the loop or the charge again.",
+    params(
+        ("operationKey" = String, Path, description = "The operation's key"),
+        ("Last-Event-ID" = Option<String>, Header, nullable = false, description = "The id of the last event received: `STEP` or `STEP.SUB`", pattern = r"^[0-9]{1,18}(\.[0-9]{1,18})?$"),
+        OperationQuery
+    ),
+    security(("api_key" = ["checkout"]), ("api_key" = ["read"])),
+    responses(
+        (status = 200, description = "The operation's events", content_type = "text/event-stream", body = StreamEvent),
+        OperationErrors,
+    )
+)]
+pub async fn operation_events(
+    State(app): State<AppState>,
+    Extension(caller): Extension<Caller>,
+    Path(key): Path<String>,
+    headers: HeaderMap,
+    Params(query): Params<OperationQuery>,
+) -> Response {
+    let Some(owner) = owner(caller, query) else {
+        return not_found(&key);
+    };
+    let after = match headers.get("last-event-id").map(|v| v.to_str()) {
+        None => None,
+        Some(text) => match text.ok().and_then(Position::parse) {
+            Some(at) => Some(at),
+            None => {
+                return Problem::invalid(
+                    "Last-Event-ID",
+                    "Last-Event-ID is the id of an event of this stream: STEP or STEP.SUB",
+                )
+                .into_response();
+            }
+        },
+    };
+    match app.records().status(&owner, &key).await {
+        Ok(Some(_)) => {}
+        Ok(None) => return not_found(&key),
+        Err(err) => {
+            return Problem::unavailable(format!("cannot read the operation: {err}"))
+                .into_response();
+        }
+    }
+    let tail = Tail {
+        after,
+        ..Tail::new(&app, &owner, &key, key.clone())
+    };
+    respond(tail, Finish::Record)
 }

@@ -12,10 +12,9 @@ use super::error::{Code, Problem, documented};
 use super::schema;
 use super::state::AppState;
 use crate::caller::{AuthRefusal, Caller, Scope};
+use crate::http::views::ReceiptView;
 use crate::payments::OrderId;
 use crate::payments::Receipt;
-use serde::Serialize;
-use utoipa::ToSchema;
 
 pub struct ReceiptErrors;
 
@@ -51,7 +50,7 @@ impl IntoResponses for ReceiptErrors {
 }
 
 fn unavailable(err: impl std::fmt::Display) -> Problem {
-    Problem::new(Code::Unavailable, format!("cannot read the receipt: {err}")).retry_after(1)
+    Problem::unavailable(format!("cannot read the receipt: {err}"))
 }
 
 #[utoipa::path(
@@ -99,51 +98,5 @@ pub async fn get_receipt(
         )
         .into_response(),
         Err(err) => unavailable(err).into_response(),
-    }
-}
-
-/// A receipt as the API shows it.
-#[derive(Clone, Debug, Serialize, ToSchema)]
-#[serde(rename_all = "camelCase")]
-pub struct ReceiptView {
-    #[schema(example = "0193a8f0-5f2c-7cc1-9d7e-3c1a2b4d5e6f")]
-    pub id: String,
-    #[schema(example = "A-100")]
-    pub order_id: String,
-    #[schema(example = "42.50")]
-    pub amount: String,
-    #[schema(example = "USD")]
-    pub currency: String,
-    /// RFC 3339, UTC.
-    #[schema(example = "2026-12-02T18:37:03.123456Z")]
-    pub created_at: String,
-    /// The payment provider's id of the charge (Stripe's `pi_…`); absent for the ledger.
-    #[serde(skip_serializing_if = "Option::is_none")]
-    #[schema(example = "pi_3MtwBwLkdIwHu7ix28a3tqPa")]
-    pub payment_id: Option<String>,
-    /// What is refunded of the charge (`POST /refunds`), `0.00` when nothing is; in a
-    /// checkout's answer, absent.
-    #[serde(skip_serializing_if = "Option::is_none")]
-    #[schema(example = "20.00")]
-    pub refunded_amount: Option<String>,
-    /// The order's refunds, oldest first (`GET /receipts/{orderId}`).
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub refunds: Option<Vec<crate::http::refunds::RefundView>>,
-}
-
-impl From<&Receipt> for ReceiptView {
-    fn from(receipt: &Receipt) -> Self {
-        ReceiptView {
-            id: receipt.id.to_string(),
-            order_id: receipt.order_id.to_string(),
-            amount: receipt.amount.decimal(),
-            currency: receipt.amount.currency().code().to_owned(),
-            created_at: receipt
-                .created_at
-                .to_rfc3339_opts(chrono::SecondsFormat::Micros, true),
-            payment_id: receipt.provider_payment_id.clone(),
-            refunded_amount: None,
-            refunds: None,
-        }
     }
 }

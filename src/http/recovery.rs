@@ -9,7 +9,7 @@
 use std::time::Duration;
 
 use super::admission::Slot;
-use super::operation::{Resume, ResumeError};
+use super::resume::{Resume, ResumeError};
 use super::state::AppState;
 use crate::idempotency::Lapsed;
 use crate::worker::{Worker, every};

@@ -14,6 +14,7 @@ use crate::caller::Gate;
 use crate::config::Settings;
 use crate::db::Database;
 use crate::idempotency::Records;
+use crate::journal::wake::Wake;
 use crate::metrics::Metrics;
 use crate::model::LiveOps;
 use crate::outbox::Outbox;
@@ -45,6 +46,8 @@ pub struct Parts {
     /// The operations an event stream watches on this instance: their model answers are
     /// streamed, their text sent as it comes (docs/streaming.md, "Live text").
     pub live: LiveOps,
+    /// The streams that follow an operation's journal here, woken when its rows commit.
+    pub wake: Arc<Wake>,
 }
 
 impl AppState {
@@ -58,6 +61,10 @@ impl AppState {
 
     pub fn live(&self) -> &LiveOps {
         &self.0.live
+    }
+
+    pub fn wake(&self) -> &Arc<Wake> {
+        &self.0.wake
     }
 
     /// Who may call `/checkout` and `/receipts`.

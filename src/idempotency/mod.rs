@@ -24,6 +24,7 @@ use records::{Completion, Completions, Inserts, NewRecord};
 use renewals::{Renewal, Renewals};
 
 use crate::db::{Database, GroupWriter, StoreError};
+use crate::journal::wake::Wake;
 use crate::journal::{self, NewEntry};
 use crate::outbox;
 
@@ -77,19 +78,20 @@ pub struct Records {
     completions: GroupWriter<Completions>,
     renewals: GroupWriter<Renewals>,
     /// Postgres's renewals that may wait for a connection at once: twice the pool. Each
-    /// waits in sqlx's acquire, a future of some 8 KB; a thousand renewals waiting on a
-    /// pool of 16 held 8.7 MB at 2,000 streams (bench figure 12, heaptrack), where one
-    /// waiting for its turn here holds a few words.
+    /// waits in sqlx's acquire, a large future, and a thousand renewals wait on a pool of
+    /// 16 at once (bench figure 12 under heaptrack), where one waiting for its turn here
+    /// holds a few words.
     renewal_turns: Arc<Semaphore>,
 }
 
 impl Records {
-    /// Starts the group writers' tasks: call within the runtime.
-    pub fn new(db: &Database) -> Records {
+    /// Starts the group writers' tasks: call within the runtime. `wake`: the streams to
+    /// tell when an operation completes.
+    pub fn new(db: &Database, wake: &Arc<Wake>) -> Records {
         Records {
             db: db.clone(),
             inserts: GroupWriter::start(db, Inserts),
-            completions: GroupWriter::start(db, Completions(db.wake().clone())),
+            completions: GroupWriter::start(db, Completions(wake.clone())),
             renewals: GroupWriter::start(db, Renewals),
             renewal_turns: Arc::new(Semaphore::new(2 * db.max_connections() as usize)),
         }
@@ -98,10 +100,10 @@ impl Records {
     /// Extends the lease; false when it is no longer ours.
     ///
     /// Each store's renewal is a box of its own size: as one `async fn`, every renewal
-    /// was as large as Postgres's (a pool's acquire and a statement, some 9 KB), SQLite's
-    /// too, which only queues a row for its group writer; and a thousand renewals wait at
-    /// once when the operations that began together renew together (bench figure 12,
-    /// heaptrack: 9.8 MB at 2,000 streams on SQLite). On Postgres a renewal waits for its
+    /// was as large as Postgres's (a pool's acquire and a statement), SQLite's too, which
+    /// only queues a row for its group writer; and a thousand renewals wait at once when
+    /// the operations that began together renew together (bench figure 12 under
+    /// heaptrack). On Postgres a renewal waits for its
     /// turn (`renewal_turns`) before it asks the pool, and the acquire and the statement
     /// are boxes of their own.
     pub fn renew<'a>(
@@ -233,9 +235,9 @@ pub async fn begin(
         return Ok(Begin::Owner(lease_of(caller, key, fence)));
     }
     // Boxed: a key with a record is the rare case, and its future (a connection's acquire
-    // and the record's statements) is some 9 KB, which every claim waiting for its group
-    // held inline: when 10,000 streamed checkouts claim their keys at once, their claims
-    // queue on the group writer (bench figure 12, heaptrack at 5,000 streams: 47 MB).
+    // and the record's statements) is large, which every claim waiting for its group held
+    // inline: when 10,000 streamed checkouts claim their keys at once, their claims queue
+    // on the group writer (bench figure 12 under heaptrack).
     Box::pin(begin_existing(store, caller, key, fingerprint, lease, ttl)).await
 }
 
@@ -327,20 +329,5 @@ pub(crate) fn lease_of(caller: &str, key: &str, fence: i64) -> Lease {
         caller: caller.to_owned(),
         key: key.to_owned(),
         fence,
-    }
-}
-
-/// Deletes expired records (and what expires with them, [`Records::sweep`]) every
-/// `every`, for as long as the service runs.
-pub async fn sweep_forever(store: Records, every: Duration, ttl: Duration) {
-    let mut tick = tokio::time::interval(every);
-    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-    loop {
-        tick.tick().await;
-        match store.sweep(ttl).await {
-            Ok(0) => {}
-            Ok(n) => tracing::debug!(removed = n, "swept expired Idempotency-Keys"),
-            Err(err) => tracing::warn!(error = %err, "cannot sweep expired Idempotency-Keys"),
-        }
     }
 }

@@ -18,6 +18,7 @@ use crate::db::{
     Batch, Conn, Database, GroupWrite, GroupWriter, PgBatch, PgBinder, PgPart, Returned,
     StoreError, on_conn,
 };
+use wake::Wake;
 
 /// Which journal, and the right to append to it.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -98,10 +99,11 @@ pub struct Journal {
 }
 
 impl Journal {
-    pub fn new(db: &Database) -> Journal {
+    /// `wake`: the streams to tell when entries commit.
+    pub fn new(db: &Database, wake: &Arc<Wake>) -> Journal {
         Journal {
             db: db.clone(),
-            writer: GroupWriter::start(db, Entries(db.wake().clone())),
+            writer: GroupWriter::start(db, Entries(wake.clone())),
         }
     }
 
@@ -289,7 +291,7 @@ const SQLITE_INSERT: &str = concat!(
 );
 
 /// The group writer's side of the table, and the streams to wake when its rows commit.
-struct Entries(Arc<wake::Wake>);
+struct Entries(Arc<Wake>);
 
 impl GroupWrite for Entries {
     /// One operation's next steps, appended together.

@@ -24,7 +24,8 @@ use tokio::sync::Notify;
 
 use super::NewEntry;
 
-/// The registry of one service's streams (one per [`crate::db::Database`]).
+/// The registry of one service's streams (one per [`crate::App`], handed to every store
+/// that commits journal rows).
 #[derive(Debug, Default)]
 pub struct Wake {
     /// A version per followed operation, bumped by each of its commits.

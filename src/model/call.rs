@@ -16,8 +16,8 @@ use super::wire::ChatRequest;
 pub struct ModelCall {
     /// The conversation, shared with the loop that asks it. Serialized as each send goes
     /// ([`ModelCall::body`]) and not kept as JSON: kept for the retries, the request's
-    /// bytes were held for as long as the model thought, some 0.8 KB beside every waiting
-    /// loop (bench figures 2 and 12).
+    /// bytes were held beside every waiting loop for as long as the model thought (bench
+    /// figures 2 and 12).
     pub chat: Arc<ChatRequest>,
     /// The API it is written for: chat completions, or the Responses API's items.
     pub wire: WireApi,

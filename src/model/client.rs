@@ -26,7 +26,7 @@ use super::responses_stream;
 use super::retry::{RequestRetry, RequestRetrySettings};
 use super::stream;
 use super::transport::{Transport, TransportSettings};
-use super::wire::{AssistantMessage, ChatRequest, ChatResponse, TokenUsage};
+use super::wire::{AssistantMessage, ChatRequest, ChatResponse, MAX_TOOL_CALLS, TokenUsage};
 use crate::metrics::Metrics;
 use crate::secret::Secret;
 use crate::telemetry::genai;
@@ -56,10 +56,6 @@ impl ModelEndpoint {
         format!("{}@{}", self.model, self.base_url)
     }
 }
-
-/// The most tool calls taken from one answer (a checkout needs two at most): an answer
-/// with more cannot be used, and the next endpoint is asked.
-pub const MAX_TOOL_CALLS: usize = 16;
 
 #[derive(Clone)]
 pub struct ModelClient {

@@ -46,8 +46,8 @@ type OpId = (String, String);
 struct Op {
     /// The answer being written, the text so far: a watcher reads what it has not heard
     /// of it, so none falls behind and loses pieces, and an operation costs one value,
-    /// not a ring of pieces (tokio's broadcast, 16 deep: 1.2 KB an operation, bench
-    /// figure 12).
+    /// not a ring of pieces (tokio's broadcast keeps a ring per operation; bench figure
+    /// 12).
     writing: Arc<Shared>,
     attempts: AtomicU32,
 }

@@ -17,7 +17,8 @@ use super::error::ModelError;
 use super::live::LiveAttempt;
 use super::transport::Chunks;
 use super::wire::{
-    AssistantMessage, ChatChunk, ChatResponse, Choice, FunctionCall, TokenUsage, ToolCall,
+    AssistantMessage, ChatChunk, ChatResponse, Choice, FunctionCall, MAX_TOOL_CALLS, TokenUsage,
+    ToolCall,
 };
 
 /// Reads the stream to its end, publishing its text to `live` as it comes.
@@ -87,11 +88,10 @@ impl Assembly {
                 self.content.get_or_insert_with(String::new).push_str(&text);
             }
             for piece in choice.delta.tool_calls.unwrap_or_default() {
-                if piece.index > super::client::MAX_TOOL_CALLS {
+                if piece.index > MAX_TOOL_CALLS {
                     return Err(ModelError::unusable(format!(
                         "its stream has a tool call at index {}; at most {} are taken from one answer",
-                        piece.index,
-                        super::client::MAX_TOOL_CALLS
+                        piece.index, MAX_TOOL_CALLS
                     )));
                 }
                 while self.calls.len() <= piece.index {

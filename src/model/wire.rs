@@ -7,6 +7,10 @@ use serde_json::value::RawValue;
 
 use super::reasoning::ReasoningEffort;
 
+/// The most tool calls taken from one answer (a checkout needs two at most): an answer
+/// with more cannot be used, and the next endpoint is asked.
+pub const MAX_TOOL_CALLS: usize = 16;
+
 #[derive(Clone, Debug, Serialize, Deserialize)]
 pub struct ChatRequest {
     pub model: String,

@@ -4,8 +4,11 @@
 //! [`ChargeKey`] has no public constructor at all: it is taken from an [`Order`], which
 //! only the handler's validation builds: `clippy.toml` lists [`Order::new`] under
 //! `disallowed-methods`, so CI's `cargo clippy -- -D warnings` refuses a call anywhere
-//! but the one `#[allow]` in `http/checkout/input.rs` (and tests' fixed orders). Nothing here implements `Deserialize` or
-//! `FromStr` for a key, so a tool argument written by the model cannot become one:
+//! but under an `#[allow]` that names why: the handlers' validation of a client's request
+//! (`http/checkout/input.rs`, `http/refunds/mod.rs`, against the order's receipt), an
+//! operation's record read back as the handler took it (`http/operation/refund.rs`), and
+//! tests' fixed orders. Nothing here implements `Deserialize` or `FromStr` for a key, so a
+//! tool argument written by the model cannot become one:
 //!
 //! ```compile_fail
 //! // A model's JSON cannot be turned into a charge key.

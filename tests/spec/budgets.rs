@@ -145,9 +145,15 @@ both_backends!(
         let stores = match backend {
             Backend::Postgres => {
                 let second = open(&db).await;
-                [Receipts::new(&first), Receipts::new(&second)]
+                [
+                    Receipts::new(&first, &Default::default()),
+                    Receipts::new(&second, &Default::default()),
+                ]
             }
-            Backend::Sqlite => [Receipts::new(&first), Receipts::new(&first)],
+            Backend::Sqlite => [
+                Receipts::new(&first, &Default::default()),
+                Receipts::new(&first, &Default::default()),
+            ],
         };
         let limit = Some(Money::parse("25.00", Currency::parse("USD").unwrap()).unwrap());
         let charge = |store: &Receipts, order: Order| {

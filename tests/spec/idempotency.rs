@@ -200,7 +200,7 @@ async fn lease_and_fence(backend: Backend) {
         acquire_timeout: Duration::from_secs(5),
     };
     let database = Database::open(&db.url, &pool).await.unwrap();
-    let store = Records::new(&database);
+    let store = Records::new(&database, &Default::default());
     #[allow(
         clippy::disallowed_methods,
         reason = "a test's fixed order, not a request's"

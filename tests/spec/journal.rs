@@ -199,7 +199,11 @@ async fn only_the_lease_holder_appends(backend: Backend) {
         acquire_timeout: Duration::from_secs(5),
     };
     let database = Database::open(&db.url, &pool).await.unwrap();
-    let (records, journal) = (Records::new(&database), Journal::new(&database));
+    let wake = Default::default();
+    let (records, journal) = (
+        Records::new(&database, &wake),
+        Journal::new(&database, &wake),
+    );
     #[allow(
         clippy::disallowed_methods,
         reason = "a test's fixed order, not a request's"

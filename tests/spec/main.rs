@@ -6,6 +6,7 @@
 mod common;
 
 mod agui;
+mod approval_links;
 mod approvals;
 mod auth;
 mod budgets;
@@ -35,4 +36,6 @@ mod scopes;
 mod store_contract;
 mod streaming;
 mod traces;
+mod webhook_delivery;
+mod webhooks;
 mod workers;

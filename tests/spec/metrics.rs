@@ -210,10 +210,10 @@ async fn every_metric_is_described_and_the_endpoint_is_in_the_api_document() {
     // 17 with the model breaker's state, a gauge set at start (docs/outage.md); 21 with
     // the approvals' three and the budgets' refusals (main's HEAD counted 21 where this
     // said 17); 22 with the refunds' outcomes (their amount has a series once a refund is
-    // made).
+    // made); 25 with the webhooks' deliveries, events pending and the oldest's age.
     assert_eq!(
         names.len(),
-        22,
+        25,
         "the checkout_* and gen_ai_* metrics: {names:?}"
     );
     for name in names {

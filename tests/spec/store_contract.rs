@@ -274,7 +274,7 @@ async fn postgres_keeps_the_contract() {
     let db = TestDb::new(Backend::Postgres).await;
     let database = open(&db).await;
     assert_eq!(database.kind(), "postgres");
-    contract(Arc::new(Receipts::new(&database)), &db).await;
+    contract(Arc::new(Receipts::new(&database, &Default::default())), &db).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -282,7 +282,7 @@ async fn sqlite_keeps_the_contract() {
     let db = TestDb::new(Backend::Sqlite).await;
     let database = open(&db).await;
     assert_eq!(database.kind(), "sqlite");
-    contract(Arc::new(Receipts::new(&database)), &db).await;
+    contract(Arc::new(Receipts::new(&database, &Default::default())), &db).await;
 }
 
 /// Two instances on one Postgres, each writing groups of charges for the same orders,
@@ -293,7 +293,10 @@ async fn sqlite_keeps_the_contract() {
 async fn two_writers_on_one_postgres_never_deadlock() {
     let db = TestDb::new(Backend::Postgres).await;
     let (a, b) = (open(&db).await, open(&db).await);
-    let stores = [Arc::new(Receipts::new(&a)), Arc::new(Receipts::new(&b))];
+    let stores = [
+        Arc::new(Receipts::new(&a, &Default::default())),
+        Arc::new(Receipts::new(&b, &Default::default())),
+    ];
     for round in 0..20 {
         let ids: Vec<String> = (0..10).map(|i| format!("D-{round}-{i}")).collect();
         let mut tasks = tokio::task::JoinSet::new();

@@ -58,11 +58,7 @@ impl IntoResponses for ApprovalErrors {
             (
                 "`unavailable`: the database could not be reached; `overloaded`: the instance runs as many checkouts as it takes",
                 vec![
-                    Problem::new(
-                        Code::Unavailable,
-                        "cannot read the approvals: pool timed out while waiting for an open connection",
-                    )
-                    .retry_after(1),
+                    Problem::unavailable("cannot read the approvals: pool timed out while waiting for an open connection"),
                     Problem::new(
                         Code::Overloaded,
                         "this instance is running as many checkouts as it takes; retry shortly",

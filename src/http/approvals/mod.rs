@@ -7,7 +7,7 @@
 //! The decision is the database's: the first conditional update from `pending` wins on
 //! any instance, a repeat of it answers as it did, the other decision is 409.
 
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use axum::body::Bytes;
 use axum::extract::{Extension, Path, State};
@@ -16,20 +16,18 @@ use serde::{Deserialize, Serialize};
 use utoipa::{IntoParams, ToSchema};
 use uuid::Uuid;
 
-use super::answer::HttpAnswer;
-use super::auth::require;
-use super::checkout::{self, ApprovalView, denied_answer, expired_answer, saved};
+use super::checkout;
 use super::error::{Code, Problem};
 use super::extract::Params;
-use super::idempotent;
-use super::operation::{Resume, ResumeError};
+use super::paused::ApprovalView;
 use super::state::AppState;
-use crate::approvals::{Approval, Decided, Status};
+use crate::approvals::Status;
 use crate::caller::{Caller, Scope};
-use crate::idempotency::Lease;
 use crate::worker::{Worker, every};
 
+pub(crate) mod decide;
 mod errors;
+pub mod links;
 
 pub use errors::ApprovalErrors;
 
@@ -43,12 +41,7 @@ fn not_found(id: &str) -> Response {
 }
 
 fn unavailable(err: impl std::fmt::Display) -> Response {
-    Problem::new(
-        Code::Unavailable,
-        format!("cannot read the approvals: {err}"),
-    )
-    .retry_after(1)
-    .into_response()
+    Problem::unavailable(format!("cannot read the approvals: {err}")).into_response()
 }
 
 fn bad_id(id: &str) -> Response {
@@ -159,131 +152,7 @@ pub async fn approve(
     let Ok(uuid) = Uuid::parse_str(&id) else {
         return bad_id(&id);
     };
-    if let Some(refusal) = require(&caller, Scope::Approve) {
-        return refusal;
-    }
-    // The resumed loop runs here: it takes an admission slot like any checkout, before
-    // anything is decided (a full instance decides nothing).
-    let Some(slot) = app.admission().try_admit() else {
-        return app.admission().refusal().into_response();
-    };
-    let lease_for = app.settings().idempotency.lease;
-    let decided = app.approvals().approve(uuid, &caller.name, lease_for).await;
-    let (approval, lease) = match decided {
-        Ok(Decided::Missing) => return not_found(&id),
-        Ok(Decided::Now(approval, fence)) => {
-            app.metrics().approval_decided("approved");
-            tracing::info!(approval = %approval.id, order = %approval.order_id, amount = %approval.amount, decided_by = %caller.name, "approval approved; resuming the checkout from its journal");
-            let lease = fence.map(|fence| Lease {
-                caller: approval.caller.clone(),
-                key: approval.operation_key.clone(),
-                fence,
-            });
-            (approval, lease)
-        }
-        Ok(Decided::Before(approval)) => match approval.status {
-            Status::Approved => (approval, None),
-            Status::Denied | Status::Pending => {
-                slot.unused();
-                return decided_other_way(&approval);
-            }
-            Status::Expired => {
-                slot.unused();
-                return expire(&app, approval.id).await.into_response();
-            }
-        },
-        Err(err) => return unavailable(err),
-    };
-    Box::pin(finish(&app, approval, lease, slot)).await
-}
-
-/// Runs the approved operation under `lease`, or, when another decider holds it, waits
-/// for its answer (taking it over if its lease lapses), then answers the checkout's.
-async fn finish(
-    app: &AppState,
-    approval: Approval,
-    mut lease: Option<Lease>,
-    slot: super::admission::Slot,
-) -> Response {
-    let (caller, key) = (approval.caller.clone(), approval.operation_key.clone());
-    let records = app.records();
-    let deadline = Instant::now() + app.settings().idempotency.lease * 3;
-    let mut slot = Some(slot);
-    loop {
-        if let Some(lease) = lease.take() {
-            let slot = slot.take().expect("one run");
-            let request = match records.request(&caller, &key).await {
-                Ok(Some(request)) => request,
-                Ok(None) => return operation_gone(&approval),
-                Err(err) => return unavailable(err),
-            };
-            return match Resume::read(app, &caller, &key, &request).await {
-                Ok(resume) => resume.run(app, lease, slot).await.into_response(),
-                Err(ResumeError::Store(err)) => unavailable(err),
-                Err(err) => {
-                    tracing::error!(key, caller, error = %err, "the approved operation is not resumed");
-                    Problem::new(
-                        Code::Unavailable,
-                        format!("the approved {}: {err}", approval.kind),
-                    )
-                    .into_response()
-                }
-            };
-        }
-        match records.status(&caller, &key).await {
-            Ok(Some(Ok(saved))) => return idempotent::replay(saved),
-            Ok(Some(Err(left))) if left.is_zero() => {
-                match records
-                    .take_lapsed(&caller, &key, app.settings().idempotency.lease)
-                    .await
-                {
-                    Ok(taken) => lease = taken,
-                    Err(err) => return unavailable(err),
-                }
-            }
-            Ok(Some(Err(_))) => {}
-            Ok(None) => return operation_gone(&approval),
-            Err(err) => return unavailable(err),
-        }
-        if lease.is_none() {
-            if Instant::now() >= deadline {
-                return Problem::new(
-                    Code::InFlight,
-                    format!(
-                        "approval {} is approved and its checkout is running; repeat this request for its answer",
-                        approval.id
-                    ),
-                )
-                .retry_after(1)
-                .into_response();
-            }
-            tokio::time::sleep(Duration::from_millis(50)).await;
-        }
-    }
-}
-
-fn operation_gone(approval: &Approval) -> Response {
-    Problem::new(
-        Code::NotFound,
-        format!(
-            "the operation of approval {} is no longer kept (its record expired)",
-            approval.id
-        ),
-    )
-    .into_response()
-}
-
-fn decided_other_way(approval: &Approval) -> Response {
-    Problem::new(
-        Code::ApprovalDecided,
-        format!(
-            "approval {} was {} by {:?} already; the first decision stands",
-            approval.id,
-            approval.status,
-            approval.decided_by.as_deref().unwrap_or_default()
-        ),
-    )
-    .into_response()
+    decide::approve(&app, &caller, uuid).await
 }
 
 /// A denial's reason.
@@ -334,57 +203,7 @@ pub async fn deny(
             }
         }
     };
-    if reason.as_ref().is_some_and(|r| r.chars().count() > 500) {
-        return Problem::invalid("reason", "reason is at most 500 characters").into_response();
-    }
-    if let Some(refusal) = require(&caller, Scope::Approve) {
-        return refusal;
-    }
-    let decided = app
-        .approvals()
-        .deny(uuid, &caller.name, reason.as_deref(), |a| {
-            saved(&denied_answer(a))
-        })
-        .await;
-    match decided {
-        Ok(Decided::Missing) => not_found(&id),
-        Ok(Decided::Now(approval, _)) => {
-            app.metrics().approval_decided("denied");
-            tracing::info!(approval = %approval.id, order = %approval.order_id, amount = %approval.amount, decided_by = %caller.name, reason = approval.reason.as_deref().unwrap_or_default(), "approval denied; nothing charged");
-            axum::Json(ApprovalView::from(&approval)).into_response()
-        }
-        Ok(Decided::Before(approval)) => match approval.status {
-            Status::Denied => axum::Json(ApprovalView::from(&approval)).into_response(),
-            Status::Expired => expire(&app, approval.id).await.into_response(),
-            Status::Approved | Status::Pending => decided_other_way(&approval),
-        },
-        Err(err) => unavailable(err),
-    }
-}
-
-/// Expires `id` if it is due (its operation's answer becomes the 410), and answers 410.
-async fn expire(app: &AppState, id: Uuid) -> HttpAnswer {
-    match app
-        .approvals()
-        .expire(id, |a| saved(&expired_answer(a)))
-        .await
-    {
-        Ok(Decided::Now(approval, _)) => {
-            app.metrics().approval_decided("expired");
-            tracing::info!(approval = %approval.id, order = %approval.order_id, "approval expired undecided; nothing charged");
-            expired_answer(&approval)
-        }
-        Ok(Decided::Before(approval)) => expired_answer(&approval),
-        Ok(Decided::Missing) => {
-            Problem::new(Code::NotFound, format!("there is no approval {id}")).answer()
-        }
-        Err(err) => Problem::new(
-            Code::Unavailable,
-            format!("cannot expire approval {id}: {err}"),
-        )
-        .retry_after(1)
-        .answer(),
-    }
+    decide::deny(&app, &caller, uuid, reason).await
 }
 
 /// Expires the approvals nobody decided in time, and counts those pending, every second.
@@ -403,7 +222,7 @@ async fn sweep(app: &AppState) {
     match app.approvals().due(64).await {
         Ok(due) => {
             for id in due {
-                expire(app, id).await;
+                decide::expire(app, id).await;
             }
         }
         Err(err) => {

@@ -4,18 +4,16 @@
 //! it writes in `outcome.rs`, the error examples of the API document in `examples.rs`.
 
 mod examples;
-mod input;
+pub(crate) mod input;
 mod outcome;
-mod paused;
 
+pub use crate::http::operation::CheckoutRequest;
+pub use crate::http::views::UsageView;
 pub use examples::CheckoutErrors;
 pub use input::CheckoutQuery;
-pub use input::CheckoutRequest;
 use input::{order, recipient};
-pub use outcome::{CheckoutResponse, UsageView};
+pub use outcome::CheckoutResponse;
 use outcome::{failure, paid_anyway, success};
-pub use paused::{ApprovalView, PausedResponse};
-pub(crate) use paused::{denied_answer, expired_answer, pause, saved};
 
 use std::pin::Pin;
 use std::task::{Context, Poll};
@@ -34,6 +32,7 @@ use crate::http::error::Code;
 use crate::http::extract::{Format, IdempotencyKey, NoBody, Params};
 use crate::http::idempotent;
 use crate::http::operation::OperationRef;
+use crate::http::paused;
 use crate::http::state::AppState;
 use crate::http::stream;
 use crate::idempotency::Lease;
@@ -86,7 +85,7 @@ pub fn checkout(
 /// once, and what is left to wait on is [`Started`], a few words. An `async fn` keeps
 /// its arguments in its future as long as it runs, and is as large as its largest
 /// branch: as one (the stream's branch inline, the handler's copies of the query and of
-/// the request's headers) every waiting checkout held some 3 KB more (figure 2,
+/// the request's headers) every waiting checkout held them all (figure 2,
 /// docs/benchmark.md).
 pub(crate) fn start(
     app: AppState,
@@ -244,8 +243,8 @@ async fn finish(app: &AppState, ctx: OperationContext, format: Format) -> HttpAn
         Ok(outcome) => {
             app.metrics().checkout("ok");
             // Asked for only when the request named an address, and boxed: the read's
-            // future is some 14 KB, a copy into its box each checkout paid when it was
-            // made whether or not there was anything to read.
+            // future is a database statement's, a copy into its box each checkout paid
+            // when it was made whether or not there was anything to read (figure 7).
             let confirmation = match ctx.email() {
                 Some(_) => Box::pin(confirmation(app, &ctx)).await,
                 None => None,

@@ -7,13 +7,13 @@ use utoipa::ToSchema;
 
 use crate::assistant::{
     ChargeReport, ChargeStatus, CheckoutError, CheckoutOutcome, FailureKind, JournalFailure,
-    OperationContext, Usage,
+    OperationContext,
 };
 use crate::http::answer::HttpAnswer;
 use crate::http::error::{Code, Problem};
 use crate::http::extract::Format;
-use crate::http::receipts::ReceiptView;
 use crate::http::state::AppState;
+use crate::http::views::{ReceiptView, UsageView};
 use crate::outbox::Confirmation;
 use crate::payments::ChargeError;
 use crate::payments::gateway::RefundError;
@@ -49,42 +49,6 @@ pub struct CheckoutResponse {
     /// it: queued or sent, and its Message-ID.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub confirmation: Option<Confirmation>,
-}
-
-/// What the checkout cost the model provider, and what resuming from the journal saved.
-#[derive(Serialize, ToSchema)]
-#[serde(rename_all = "camelCase")]
-pub struct UsageView {
-    /// Chat-completions requests this operation sent (retries included; none for steps
-    /// replayed from the journal).
-    #[schema(example = 2)]
-    pub model_requests: u32,
-    /// Model answers and tool results taken from the journal instead of run again (a
-    /// retry that resumed).
-    #[schema(example = 0)]
-    pub replayed_steps: u32,
-    /// Input (prompt) tokens of the answers received, as the provider reported them.
-    #[schema(example = 412)]
-    pub input_tokens: u64,
-    /// Output (completion) tokens, as the provider reported them.
-    #[schema(example = 57)]
-    pub output_tokens: u64,
-    /// The models that answered (a fallback's too; replayed answers count), in order of
-    /// first use.
-    #[schema(example = json!(["gpt-4o-mini"]))]
-    pub models: Vec<String>,
-}
-
-impl From<Usage> for UsageView {
-    fn from(usage: Usage) -> Self {
-        UsageView {
-            model_requests: usage.model_requests,
-            replayed_steps: usage.replayed_steps,
-            input_tokens: usage.input_tokens,
-            output_tokens: usage.output_tokens,
-            models: Vec::new(),
-        }
-    }
 }
 
 pub(super) fn success(

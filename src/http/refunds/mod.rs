@@ -9,8 +9,10 @@
 mod input;
 mod outcome;
 
-pub use input::{RefundInput, RefundQuery, RefundRequest};
-pub use outcome::{RefundErrors, RefundResponse, RefundView};
+pub use crate::http::operation::RefundRequest;
+pub use crate::http::views::RefundView;
+pub use input::{RefundInput, RefundQuery};
+pub use outcome::{RefundErrors, RefundResponse};
 
 use axum::extract::{Extension, State};
 use axum::response::{IntoResponse, Response};
@@ -25,6 +27,7 @@ use crate::http::extract::Format;
 use crate::http::extract::IdempotencyKey;
 use crate::http::idempotent;
 use crate::http::operation::{OperationRef, answered};
+use crate::http::paused;
 use crate::http::state::AppState;
 use crate::idempotency::Lease;
 use crate::payments::{Effect, Money, OperationKey, Order, Receipt};
@@ -130,11 +133,7 @@ async fn authorize(
 ) -> Result<(Order, Option<crate::outbox::Recipient>), Problem> {
     let order_id = &checked.order_id;
     let unavailable = |err: crate::db::StoreError| {
-        Problem::new(
-            Code::Unavailable,
-            format!("cannot read the order's charge: {err}"),
-        )
-        .retry_after(1)
+        Problem::unavailable(format!("cannot read the order's charge: {err}"))
     };
     let not_charged = || {
         Problem::new(
@@ -243,7 +242,7 @@ pub(crate) async fn run(
         && let Some(found) = err.kind.approval()
     {
         let found = found.cloned();
-        return Box::pin(crate::http::checkout::pause(app, &ctx, found)).await;
+        return Box::pin(paused::pause(app, &ctx, found)).await;
     }
     Box::pin(outcome::answer(app, &ctx, result, format)).await
 }

@@ -11,55 +11,13 @@ use crate::assistant::{CheckoutError, CheckoutOutcome, FailureKind, OperationCon
 use crate::caller::{AuthRefusal, Scope};
 use crate::http::answer::HttpAnswer;
 use crate::http::auth::forbidden;
-use crate::http::checkout::UsageView;
 use crate::http::error::{Code, Problem, documented};
 use crate::http::extract::Format;
 use crate::http::operation::answered;
-use crate::http::receipts::ReceiptView;
 use crate::http::state::AppState;
+use crate::http::views::{ReceiptView, RefundView, UsageView};
 use crate::outbox::Confirmation;
 use crate::payments::Effect;
-use crate::payments::store::Refund;
-
-/// A refund, as the API shows it.
-#[derive(Clone, Debug, Serialize, ToSchema)]
-#[serde(rename_all = "camelCase")]
-pub struct RefundView {
-    #[schema(example = "0193a8f0-5f2c-7cc1-9d7e-3c1a2b4d5e70")]
-    pub id: String,
-    #[schema(example = "20.00")]
-    pub amount: String,
-    #[schema(example = "USD")]
-    pub currency: String,
-    /// RFC 3339, UTC.
-    #[schema(example = "2026-12-02T18:40:03.123456Z")]
-    pub created_at: String,
-    /// `succeeded`; with a payment provider `pending` while it is asked.
-    #[schema(example = "succeeded")]
-    pub status: &'static str,
-    /// The payment provider's id of the refund (Stripe's `re_…`); absent for the ledger.
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub provider_refund_id: Option<String>,
-    /// The refund's reason, as the request gave it.
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub reason: Option<String>,
-}
-
-impl From<&Refund> for RefundView {
-    fn from(refund: &Refund) -> Self {
-        RefundView {
-            id: refund.id.to_string(),
-            amount: refund.amount.decimal(),
-            currency: refund.amount.currency().code().to_owned(),
-            created_at: refund
-                .created_at
-                .to_rfc3339_opts(chrono::SecondsFormat::Micros, true),
-            status: refund.status.as_str(),
-            provider_refund_id: refund.provider_refund_id.clone(),
-            reason: refund.reason.clone(),
-        }
-    }
-}
 
 /// A refund made.
 #[derive(Serialize, ToSchema)]

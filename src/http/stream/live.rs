@@ -34,8 +34,8 @@ pub struct Live {
     message: Option<Message>,
     /// The last journal step whose events were made.
     journaled: i64,
-    /// Live messages started, by step. `BTreeMap`s, not `HashMap`s: 24 B each where a
-    /// `HashMap` (its hasher's keys beside the table) is 48, in every waiting stream's
+    /// Live messages started, by step. `BTreeMap`s, not `HashMap`s: half the size empty
+    /// (a `HashMap` keeps its hasher's keys beside the table), in every waiting stream's
     /// follower; a stream has a few steps.
     started: BTreeMap<i64, u32>,
     /// What the journal's events of a step that had live messages become.
@@ -89,9 +89,8 @@ impl Live {
     /// `wait` is pinned by the caller, not moved in (an `async fn`'s argument pinned
     /// inside it is held twice), and the text heard is sent after the `select!`, not in
     /// its branch (where the listening future stayed held beside each send). Every
-    /// waiting stream's follower holds this future: with the wait moved in and the sends
-    /// in the branch it was 1,048 B (the wait itself 272), now 384; the follower 1,984
-    /// -> 1,592 B (bench figure 12).
+    /// waiting stream's follower holds this future, so its size is figure 12's (bench,
+    /// docs/benchmark.md).
     pub async fn relay<T>(
         &mut self,
         thread: &str,

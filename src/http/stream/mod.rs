@@ -17,7 +17,7 @@ mod out;
 use std::convert::Infallible;
 use std::time::{Duration, Instant};
 
-use axum::extract::{Extension, FromRequestParts, Path, State};
+use axum::extract::FromRequestParts;
 use axum::http::HeaderMap;
 use axum::http::request::Parts;
 use axum::response::sse::{Event, KeepAlive, Sse};
@@ -35,11 +35,8 @@ use crate::journal::wake::Follow;
 use super::admission::Slot;
 use super::answer::HttpAnswer;
 use super::error::{Code, Problem};
-use super::extract::Params;
 use super::idempotent;
-use super::operations::{OperationErrors, OperationQuery};
 use super::state::AppState;
-use crate::caller::{Caller, Scope};
 use crate::db::StoreError;
 use crate::idempotency::{Fingerprint, Lease, Saved};
 use crate::payments::OperationKey;
@@ -131,7 +128,7 @@ impl Tail {
     /// unseen.
     pub fn new(app: &AppState, owner: &str, key: &str, run_id: String) -> Tail {
         Tail {
-            follow: app.db().wake().follow(owner, key),
+            follow: app.wake().follow(owner, key),
             fresh: false,
             app: app.clone(),
             owner: owner.to_owned(),
@@ -183,8 +180,8 @@ async fn follow(tail: Tail, mut finish: Finish, out: Out) {
     let mut live = Live::watch(tail.app.live(), &tail.owner, &tail.key);
     let mut follow = tail.follow;
     // The charge call an approval waits on, in the journal as last read (the last event
-    // names it): the rows themselves are not kept while the stream waits (kept, they
-    // were some 1.1 KB a waiting stream, bench figure 12).
+    // names it): the rows themselves are not kept while the stream waits (bench figure
+    // 12).
     let mut call = None;
     // The operation runs here and nothing of it committed since the last read (or it
     // has none yet): the rows are those read, and their events are sent.
@@ -300,9 +297,9 @@ async fn follow(tail: Tail, mut finish: Finish, out: Out) {
 }
 
 /// Journal reads of this process's streams at once. The others wait their turn before
-/// their read's future is made: it is some 2.7 KB, and when the first round ends for
-/// 10,000 streams within a second, each woken by its charge's commit, their reads queued
-/// on the pool's connections each held one (bench figure 12, heaptrack at the peak).
+/// their read's future is made: when the first round ends for 10,000 streams within a
+/// second, each woken by its charge's commit, their reads queued on the pool's
+/// connections each held one (bench figure 12, heaptrack at the peak).
 const READS_AT_ONCE: usize = 64;
 static READS: tokio::sync::Semaphore = tokio::sync::Semaphore::const_new(READS_AT_ONCE);
 
@@ -349,82 +346,14 @@ fn problem(code: Code, detail: String) -> (u16, Vec<u8>) {
     (problem.body.status, body)
 }
 
-#[utoipa::path(
-    get,
-    path = "/operations/{operationKey}/events",
-    operation_id = "getOperationEvents",
-    tag = "checkout",
-    summary = "An operation's steps as AG-UI events, resumed after Last-Event-ID",
-    description = "Server-Sent Events in the AG-UI protocol (docs/streaming.md): what the operation's journal holds after `Last-Event-ID` (everything, from `RUN_STARTED`, without it), then its steps live as it runs, on any instance, then its answer as `RUN_FINISHED` (or `RUN_ERROR`). Nothing is run: a dropped stream resumed here never runs the loop or the charge again.",
-    params(
-        ("operationKey" = String, Path, description = "The operation's key"),
-        ("Last-Event-ID" = Option<String>, Header, nullable = false, description = "The id of the last event received: `STEP` or `STEP.SUB`", pattern = r"^[0-9]{1,18}(\.[0-9]{1,18})?$"),
-        OperationQuery
-    ),
-    security(("api_key" = ["checkout"]), ("api_key" = ["read"])),
-    responses(
-        (status = 200, description = "The operation's events", content_type = "text/event-stream", body = StreamEvent),
-        OperationErrors,
-    )
-)]
-pub async fn operation_events(
-    State(app): State<AppState>,
-    Extension(caller): Extension<Caller>,
-    Path(key): Path<String>,
-    headers: HeaderMap,
-    Params(query): Params<OperationQuery>,
-) -> Response {
-    let owner = match query.caller {
-        Some(owner) if owner != caller.name && !caller.has(Scope::Read) => {
-            return not_found(&key);
-        }
-        Some(owner) => owner,
-        None => caller.name,
-    };
-    let after = match headers.get("last-event-id").map(|v| v.to_str()) {
-        None => None,
-        Some(text) => match text.ok().and_then(Position::parse) {
-            Some(at) => Some(at),
-            None => {
-                return Problem::invalid(
-                    "Last-Event-ID",
-                    "Last-Event-ID is the id of an event of this stream: STEP or STEP.SUB",
-                )
-                .into_response();
-            }
-        },
-    };
-    match app.records().status(&owner, &key).await {
-        Ok(Some(_)) => {}
-        Ok(None) => return not_found(&key),
-        Err(err) => {
-            return Problem::new(
-                Code::Unavailable,
-                format!("cannot read the operation: {err}"),
-            )
-            .retry_after(1)
-            .into_response();
-        }
-    }
-    let tail = Tail {
-        after,
-        ..Tail::new(&app, &owner, &key, key.clone())
-    };
-    respond(tail, Finish::Record)
-}
-
-fn not_found(key: &str) -> Response {
-    Problem::new(Code::NotFound, format!("there is no operation {key:?}")).into_response()
-}
-
 /// Runs `work` once for `key` as [`idempotent::once`] does, and answers its events: live
 /// when this request runs it, replayed when the key's answer is saved. A request that
 /// runs nothing (the key in use or reused, the instance full) gets its problem as ever.
 ///
 /// Not an `async fn`: the task starts here, and what waits for its claim is the tail, the
 /// task's handle and the claim's answer, where an `async fn` kept its arguments (the
-/// work's captures, the fingerprint, the keys) beside them, some 650 B more a request
-/// while thousands of claims queue (bench figure 12).
+/// work's captures, the fingerprint, the keys) beside them while thousands of claims
+/// queue (bench figure 12).
 pub fn once<F>(
     app: AppState,
     caller: String,

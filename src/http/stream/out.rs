@@ -5,8 +5,8 @@
 //! channel full), and goes with the body when the client goes away: the operation runs
 //! in a task of its own, and goes on.
 //!
-//! A task and a channel cost every stream some 4 KB for its whole life (bench figure 12,
-//! heaptrack: the follower's task 2.2 KB, tokio's channel a block of 32 events, 2.1 KB).
+//! Not a task and a channel: they would cost every stream a task and a block of events
+//! for its whole life (bench figure 12 under heaptrack).
 
 use std::convert::Infallible;
 use std::future::Future;

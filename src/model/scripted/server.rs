@@ -22,7 +22,7 @@ use tokio::net::TcpListener;
 
 use super::plan::{Fault, FaultRule, Pick, Recording, RetryAfter, pick_fault};
 use super::script::assistant_answer;
-use super::streamed;
+use super::streamed::{self, CloseConnection};
 use crate::model::reasoning::ReasoningEffort;
 use crate::model::wire::{ChatRequest, Message};
 
@@ -81,18 +81,6 @@ pub(super) async fn accept_loop(listener: TcpListener, state: Arc<State>) {
         });
     }
 }
-
-/// Returned by the service (or a streamed body) to make hyper drop the connection.
-#[derive(Debug)]
-pub(super) struct CloseConnection;
-
-impl std::fmt::Display for CloseConnection {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str("scripted fault: connection closed")
-    }
-}
-
-impl std::error::Error for CloseConnection {}
 
 type Reply = Response<BoxBody<Bytes, CloseConnection>>;
 

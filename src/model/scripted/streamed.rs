@@ -16,8 +16,19 @@ use http_body_util::combinators::BoxBody;
 use hyper::body::Frame;
 use serde_json::{Value, json};
 
-use super::server::CloseConnection;
 use crate::model::wire::ChatRequest;
+
+/// Returned by the service (or a streamed body) to make hyper drop the connection.
+#[derive(Debug)]
+pub(super) struct CloseConnection;
+
+impl std::fmt::Display for CloseConnection {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("scripted fault: connection closed")
+    }
+}
+
+impl std::error::Error for CloseConnection {}
 
 /// Between two pieces of a streamed answer.
 pub(super) const PIECE_GAP: Duration = Duration::from_millis(8);

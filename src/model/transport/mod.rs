@@ -57,13 +57,12 @@ pub const MAX_H2C_CONNECTIONS: usize = 256;
 
 /// The most bytes of answers an HTTP/2 connection to a model may have sent and the service
 /// not yet read, all its streams together (the connection's flow-control window); a
-/// stream's own window is its answer's bound. With hyper's default, 5 MiB, the scripted
+/// stream's own window is its answer's bound. With hyper's larger default, the scripted
 /// model's 10,000 answers of bench figure 12 all came in at once, and the service held
-/// them in h2's receive queue (a slab, never shrunk: 8.1 MB at the heap's peak under
-/// heaptrack); figure 12's high-water mark on Postgres was 17.2-18.8 KB a stream with it
-/// and 16.5-16.9 KB with this (bench/results.md). A provider is not slowed by it: the
-/// service reads the bytes as they come and hands the window back as it reads, and 1 MiB
-/// a round trip is 10 MB/s a connection at 100 ms, for answers of a few KB.
+/// them in h2's receive queue (a slab, never shrunk), which figure 12's high-water mark
+/// showed. A provider is not slowed by it: the service reads the bytes as they come and
+/// hands the window back as it reads, and 1 MiB a round trip is 10 MB/s a connection at
+/// 100 ms, for answers of a few KB.
 pub const CONNECTION_WINDOW: u32 = 1 << 20;
 
 /// How the model's connections are kept and how much of an answer is read.

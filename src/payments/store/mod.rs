@@ -15,13 +15,17 @@ pub use intents::{Intent, IntentStatus, Intents};
 pub use receipts::Receipt;
 pub use refunds::{NewRefund, Refund, RefundOutcome, RefundStatus, Refunded, Refunds};
 
+use std::sync::Arc;
+
 use chrono::{SubsecRound, Utc};
 use uuid::Uuid;
 
 use super::keys::{Charge, OrderId};
 use crate::db::{BeginWrite, Conn, Database, GroupWriter, StoreError, on_conn};
 use crate::journal::NewEntry;
+use crate::journal::wake::Wake;
 use crate::payments::money::Money;
+use crate::webhooks::{Announce, EventType};
 use budgets::Reservation;
 use receipts::{ChargeRow, Charges};
 
@@ -44,14 +48,30 @@ pub enum ChargeOutcome {
 pub struct Receipts {
     db: Database,
     writer: GroupWriter<Charges>,
+    /// The streams to tell when a charge's or a refund's journal rows commit.
+    wake: Arc<Wake>,
+    /// `charge.succeeded`, written with the receipt.
+    charges: Announce<Receipt>,
+    /// `refund.succeeded`, written with the refund (see [`Refunds`]).
+    refunds: Announce<Refund>,
 }
 
 impl Receipts {
-    pub fn new(db: &Database) -> Receipts {
+    pub fn new(db: &Database, wake: &Arc<Wake>) -> Receipts {
         Receipts {
             db: db.clone(),
-            writer: GroupWriter::start(db, Charges(db.wake().clone())),
+            writer: GroupWriter::start(db, Charges(wake.clone())),
+            wake: wake.clone(),
+            charges: Announce::none(),
+            refunds: Announce::none(),
         }
+    }
+
+    /// These receipts, writing the events `charges` and `refunds` want with the facts.
+    pub fn announcing(mut self, charges: Announce<Receipt>, refunds: Announce<Refund>) -> Self {
+        self.charges = charges;
+        self.refunds = refunds;
+        self
     }
 
     /// Makes `charge` once. Every later or concurrent charge of the same order gets the
@@ -81,7 +101,14 @@ impl Receipts {
             provider_payment_id: provider_payment_id.map(str::to_owned),
         };
         let entries = journal(&receipt);
-        let row = ChargeRow { receipt, entries };
+        let event = self
+            .charges
+            .event(EventType::ChargeSucceeded, &receipt, receipt.created_at);
+        let row = ChargeRow {
+            receipt,
+            entries,
+            event,
+        };
         // Only a charge with a budget takes the transaction; without one, the group
         // writer as ever. Boxed: its future stays out of every other charge's.
         let made = match charge.budget() {
@@ -97,7 +124,7 @@ impl Receipts {
         // The insert lost to an earlier or concurrent charge. Under READ COMMITTED this
         // read is a new statement with a fresh snapshot, so it sees the winner's row even
         // when the winner committed while our insert was waiting on it. Boxed: inline, the
-        // statement's future (some 14 KB) would be in every charge's, and so in every loop's.
+        // statement's future would be in every charge's, and so in every loop's (figure 2).
         let existing = Box::pin(self.receipt(order_id))
             .await?
             .ok_or_else(|| StoreError::Corrupt(format!("receipt for {order_id} vanished")))?;
@@ -110,7 +137,7 @@ impl Receipts {
 
     /// The refunds of the same database.
     pub fn refunds(&self) -> Refunds {
-        Refunds::new(&self.db)
+        Refunds::new(&self.db, &self.wake).announcing(self.refunds.clone())
     }
 
     pub async fn receipt(&self, order: &OrderId) -> Result<Option<Receipt>, StoreError> {

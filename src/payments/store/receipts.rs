@@ -17,6 +17,7 @@ use crate::journal::wake::Wake;
 use crate::journal::{self, NewEntry, PgEntries};
 use crate::payments::keys::OrderId;
 use crate::payments::money::{Currency, Money};
+use crate::webhooks::{self, NewEvent};
 
 /// Proof that an order was charged: the row a charge inserts, and what a read returns.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -33,18 +34,19 @@ pub struct Receipt {
     pub provider_payment_id: Option<String>,
 }
 
-/// A charge for the group writer: its receipt row, and the journal entries that commit
-/// with it if the row goes in.
+/// A charge for the group writer: its receipt row, and the journal entries and the
+/// `charge.succeeded` event that commit with it if the row goes in.
 #[derive(Debug)]
 pub struct ChargeRow {
     pub receipt: Receipt,
     pub entries: Vec<NewEntry>,
+    pub event: Option<NewEvent>,
 }
 
 /// Postgres's part, one text for a group of any size, so that Postgres prepares it once
-/// per connection: the receipts, and (a data-modifying CTE of the same statement, so the
-/// same commit) the journal entries of those that went in; the receipts made, each as one
-/// JSON array of its values.
+/// per connection: the receipts, and (data-modifying CTEs of the same statement, so the
+/// same commit) the journal entries and the events of those that went in; the receipts
+/// made, each as one JSON array of its values.
 const INSERT_UNNEST: PgPart = PgPart::new(
     concat!(
         "charged AS (",
@@ -52,7 +54,9 @@ const INSERT_UNNEST: PgPart = PgPart::new(
         "SELECT * FROM UNNEST($1::uuid[], $2::text[], $3::int8[], $4::text[], $5::text[], $6::timestamptz[], $7::text[], $21::text[]) ",
         "ON CONFLICT (order_id) DO NOTHING ",
         "RETURNING CAST(id AS TEXT) AS id, order_id, amount_minor, currency, operation_key, caller, created_at, provider_payment_id), ",
-        journal::pg_with_charged!()
+        journal::pg_with_charged!(),
+        ", ",
+        webhooks::pg_events_of_charged!()
     ),
     "json_build_array(id, order_id, amount_minor, currency, operation_key, caller, created_at, provider_payment_id)::text FROM charged",
     false,
@@ -106,7 +110,7 @@ impl GroupWrite for Charges {
         rows: &[ChargeRow],
         returned: &mut Returned,
     ) -> Result<Vec<Self::Out>, StoreError> {
-        Ok(outs(rows, read_sqlite(returned)?))
+        Ok(outs(rows, read_sqlite(rows, returned)?))
     }
 
     /// The streams of the charged operations may read the charge's journal row now.
@@ -138,7 +142,7 @@ pub async fn insert(conn: Conn<'_>, rows: &[ChargeRow]) -> Result<Vec<Receipt>, 
         Conn::Sqlite(c) => {
             let mut batch = Batch::default();
             push_sqlite(&mut batch, rows);
-            read_sqlite(&mut batch.run_sqlx(c).await?)
+            read_sqlite(rows, &mut batch.run_sqlx(c).await?)
         }
     }
 }
@@ -149,6 +153,7 @@ fn push_postgres(batch: &mut PgBatch, rows: &[ChargeRow]) {
         let receipt = r.receipt.id.to_string();
         r.entries.iter().map(move |e| (Some(receipt.clone()), e))
     }));
+    let events = events_of(rows);
     let rows: Vec<&Receipt> = rows.iter().map(|r| &r.receipt).collect();
     batch.part(INSERT_UNNEST, |b| {
         b.bind(rows.iter().map(|r| r.id).collect::<Vec<_>>())
@@ -170,6 +175,25 @@ fn push_postgres(batch: &mut PgBatch, rows: &[ChargeRow]) {
         b.bind(
             rows.iter()
                 .map(|r| r.provider_payment_id.as_deref())
+                .collect::<Vec<_>>(),
+        );
+        b.bind(
+            events
+                .iter()
+                .map(|(e, _)| e.id.as_str())
+                .collect::<Vec<_>>(),
+        )
+        .bind(events.iter().map(|(_, r)| r.clone()).collect::<Vec<_>>())
+        .bind(
+            events
+                .iter()
+                .map(|(e, _)| e.kind.as_str())
+                .collect::<Vec<_>>(),
+        )
+        .bind(
+            events
+                .iter()
+                .map(|(e, _)| e.body.as_str())
                 .collect::<Vec<_>>(),
         );
     });
@@ -214,12 +238,34 @@ fn push_sqlite(batch: &mut Batch, rows: &[ChargeRow]) {
         })
         .collect();
     journal::push_sqlite(batch, &entries);
+    let events = events_of(rows);
+    if !events.is_empty() {
+        let events: Vec<_> = events
+            .iter()
+            .map(|(e, receipt)| (&e.id, receipt, e.kind.as_str(), &e.body))
+            .collect();
+        batch.push_rows(webhooks::SQLITE_EVENTS_OF_CHARGED, events);
+    }
 }
 
-/// The receipts [`push_sqlite`]'s statements made.
-fn read_sqlite(returned: &mut Returned) -> Result<Vec<Receipt>, StoreError> {
+/// The events of `rows`, each with the id of the receipt it announces (as the statements
+/// write it).
+fn events_of(rows: &[ChargeRow]) -> Vec<(&NewEvent, String)> {
+    rows.iter()
+        .filter_map(|r| {
+            let receipt = r.receipt.id.hyphenated().to_string();
+            r.event.as_ref().map(|e| (e, receipt))
+        })
+        .collect()
+}
+
+/// The receipts [`push_sqlite`]'s statements made (of `rows`).
+fn read_sqlite(rows: &[ChargeRow], returned: &mut Returned) -> Result<Vec<Receipt>, StoreError> {
     let stored: Vec<Stored> = returned.rows()?;
     returned.skip();
+    if rows.iter().any(|r| r.event.is_some()) {
+        returned.skip();
+    }
     stored.into_iter().map(Stored::into_receipt).collect()
 }
 

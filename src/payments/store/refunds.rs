@@ -6,13 +6,17 @@
 //! finds it), then the journal entries of its tool result. Every statement is one text
 //! for both databases; only the id's and time's types are bound per driver.
 
+use std::sync::Arc;
+
 use chrono::{DateTime, SecondsFormat, SubsecRound, Utc};
 use uuid::Uuid;
 
 use crate::db::{BeginWrite, Conn, Database, StoreError, on_conn};
+use crate::journal::wake::Wake;
 use crate::journal::{self, NewEntry};
 use crate::payments::keys::OrderId;
 use crate::payments::money::{Currency, Money, decimal_minor};
+use crate::webhooks::{self, Announce, EventType, NewEvent};
 
 /// A refund, as its row says.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -157,11 +161,29 @@ const SETTLE: &str = "\
 #[derive(Clone, Debug)]
 pub struct Refunds {
     db: Database,
+    /// The streams to tell when a refund's journal rows commit.
+    wake: Arc<Wake>,
+    /// `refund.succeeded`, written with the refund that succeeded.
+    events: Announce<Refund>,
 }
 
 impl Refunds {
-    pub fn new(db: &Database) -> Refunds {
-        Refunds { db: db.clone() }
+    pub fn new(db: &Database, wake: &Arc<Wake>) -> Refunds {
+        Refunds {
+            db: db.clone(),
+            wake: wake.clone(),
+            events: Announce::none(),
+        }
+    }
+
+    /// These refunds, writing the `refund.succeeded` events `events` wants.
+    pub fn announcing(mut self, events: Announce<Refund>) -> Self {
+        self.events = events;
+        self
+    }
+
+    fn succeeded(&self, refund: &Refund, at: DateTime<Utc>) -> Option<NewEvent> {
+        self.events.event(EventType::RefundSucceeded, refund, at)
     }
 
     /// Makes `refund` once: this operation's refund if it has one, else the amount
@@ -191,6 +213,9 @@ impl Refunds {
             created_at: Utc::now().trunc_subsecs(6),
         };
         let entries = journal(&made);
+        let event = (made.status == RefundStatus::Succeeded)
+            .then(|| self.succeeded(&made, made.created_at))
+            .flatten();
         let mut pooled = self.db.acquire().await?;
         // The update comes first: on SQLite it takes the write lock at the transaction's
         // first statement (a read first would fail to upgrade under a concurrent writer).
@@ -209,8 +234,9 @@ impl Refunds {
                 let id = insert(Conn::from(&mut *tx), &made).await?;
                 if id {
                     journal::insert_in(Conn::from(&mut *tx), &entries).await?;
+                    webhooks::insert_some(Conn::from(&mut *tx), event.as_ref()).await?;
                     tx.commit().await?;
-                    self.db.wake().committed(&entries);
+                    self.wake.committed(&entries);
                 } else {
                     tx.rollback().await?;
                 }
@@ -277,10 +303,19 @@ impl Refunds {
             }
             if moved && status == RefundStatus::Succeeded {
                 journal::insert_in(Conn::from(&mut *tx), entries).await?;
+                let settled = Refund {
+                    status,
+                    provider_refund_id: provider_refund_id
+                        .map(str::to_owned)
+                        .or_else(|| refund.provider_refund_id.clone()),
+                    ..refund.clone()
+                };
+                webhooks::insert_some(Conn::from(&mut *tx), self.succeeded(&settled, Utc::now()).as_ref())
+                    .await?;
             }
             tx.commit().await?;
             if moved && status == RefundStatus::Succeeded {
-                self.db.wake().committed(entries);
+                self.wake.committed(entries);
             }
             Ok(moved)
         })

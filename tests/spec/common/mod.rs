@@ -5,6 +5,7 @@
 pub mod hostile;
 pub mod localstripe;
 pub mod proxy;
+pub mod receiver;
 pub mod smtp;
 pub mod stripe;
 pub mod tinyproxy;

@@ -1,13 +1,13 @@
-//! A checkout paused for a person's approval (docs/approvals.md): the loop stopped at its
-//! charge, and [`pause`] records the approval and saves the operation's 202 in one
-//! transaction; the views of an approval, and the operation's answers once it is denied
-//! or expires, which the approvals endpoints (`http::approvals`) write.
+//! An operation paused for a person's approval (docs/approvals.md): the loop stopped at
+//! its effect (a charge, a refund), and `pause` records the approval and saves the
+//! operation's 202 in one transaction; the views of an approval, and the operation's
+//! answers once it is denied or expires, which the decisions (`http::approvals`) write.
 
 use axum::http::StatusCode;
 use serde::{Deserialize, Serialize};
 use utoipa::ToSchema;
 
-use crate::approvals::{Approval, Paused, Status};
+use crate::approvals::{Approval, Links, Paused, Status};
 use crate::assistant::OperationContext;
 use crate::http::answer::HttpAnswer;
 use crate::http::error::{Code, Problem};
@@ -70,6 +70,30 @@ impl From<&Approval> for ApprovalView {
             reason: a.reason.clone(),
         }
     }
+}
+
+/// Where an approval link's token goes (`http::approvals::links` serves it).
+pub(crate) const LINK_PATH: &str = "/approvals/links/";
+
+/// A pause's approve and deny links under `CHECKOUT_PUBLIC_URL`, if it is set.
+fn links(app: &AppState) -> Option<Links> {
+    let base = app.settings().webhooks.public_url.as_deref()?;
+    let (approve, deny) = Links::tokens();
+    let url = |token: &str| serde_json::Value::from(format!("{base}{LINK_PATH}{token}"));
+    let announced = serde_json::Map::from_iter([
+        ("approveUrl".to_owned(), url(&approve)),
+        ("denyUrl".to_owned(), url(&deny)),
+    ]);
+    Some(Links {
+        approve,
+        deny,
+        announced,
+    })
+}
+
+/// The approval events' `data`: the approval as the API shows it.
+pub(crate) fn approval_event(approval: &Approval) -> serde_json::Value {
+    serde_json::to_value(ApprovalView::from(approval)).expect("a view serializes")
 }
 
 /// A checkout paused for a person's approval (202).
@@ -191,9 +215,14 @@ pub(crate) async fn pause(
     let keep = app.settings().idempotency.ttl;
     let paused = app
         .approvals()
-        .pause(&lease, ctx.order(), ctx.effect(), keep, |a| {
-            saved(&paused_answer(a))
-        })
+        .pause(
+            &lease,
+            ctx.order(),
+            ctx.effect(),
+            keep,
+            links(app).as_ref(),
+            |a| saved(&paused_answer(a)),
+        )
         .await;
     match paused {
         Ok(Paused::Now(approval)) => {
@@ -210,20 +239,12 @@ pub(crate) async fn pause(
         )
         .retry_after(1)
         .answer(),
-        Ok(Paused::Decided(approval)) => Problem::new(
-            Code::Unavailable,
-            format!(
+        Ok(Paused::Decided(approval)) => Problem::unavailable(format!(
                 "approval {} was decided ({}) while this run paused; retry to go on with it",
                 approval.id, approval.status
-            ),
-        )
-        .retry_after(1)
+            ))
         .answer(),
-        Err(err) => Problem::new(
-            Code::Unavailable,
-            format!("cannot record the charge's approval: {err}; nothing was charged"),
-        )
-        .retry_after(1)
+        Err(err) => Problem::unavailable(format!("cannot record the charge's approval: {err}; nothing was charged"))
         .answer(),
     }
 }

@@ -1,0 +1,129 @@
+//! Standard Webhooks' signature: `v1,` + base64(HMAC-SHA256(key, "{id}.{timestamp}.{body}")),
+//! the key being the base64 after `whsec_` in the secret.
+
+use base64::Engine;
+use base64::engine::general_purpose::STANDARD;
+use sha2::{Digest, Sha256};
+
+use crate::secret::Secret;
+
+/// The fewest and most bytes a key may have (Standard Webhooks: 24 to 64).
+pub const KEY_BYTES: std::ops::RangeInclusive<usize> = 24..=64;
+
+/// A signing key, read from a `whsec_…` secret.
+#[derive(Clone)]
+pub struct SigningKey(Vec<u8>);
+
+impl std::fmt::Debug for SigningKey {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("SigningKey(…)")
+    }
+}
+
+impl SigningKey {
+    /// The key of `secret`: `whsec_` + base64 of 24 to 64 bytes, else why not.
+    pub fn parse(secret: &Secret) -> Result<SigningKey, String> {
+        let text = secret.expose();
+        let Some(encoded) = text.strip_prefix("whsec_") else {
+            return Err("must start with whsec_ (whsec_ + base64 of 24 to 64 random bytes)".into());
+        };
+        let key = STANDARD.decode(encoded).map_err(|_| {
+            "must be whsec_ + base64 (the part after whsec_ is not base64)".to_owned()
+        })?;
+        if !KEY_BYTES.contains(&key.len()) {
+            return Err(format!(
+                "must be whsec_ + base64 of 24 to 64 bytes, not {} bytes",
+                key.len()
+            ));
+        }
+        Ok(SigningKey(key))
+    }
+
+    /// The `webhook-signature` header's value for message `id` sent at `timestamp` (Unix
+    /// seconds) with `body`.
+    pub fn sign(&self, id: &str, timestamp: i64, body: &str) -> String {
+        let mac = hmac_sha256(&self.0, format!("{id}.{timestamp}.{body}").as_bytes());
+        format!("v1,{}", STANDARD.encode(mac))
+    }
+}
+
+/// HMAC (RFC 2104) over SHA-256, with the crate's `sha2` (the `hmac` crate of the lock
+/// wants another `digest`).
+fn hmac_sha256(key: &[u8], message: &[u8]) -> [u8; 32] {
+    const BLOCK: usize = 64;
+    let mut block = [0u8; BLOCK];
+    if key.len() > BLOCK {
+        block[..32].copy_from_slice(&Sha256::digest(key));
+    } else {
+        block[..key.len()].copy_from_slice(key);
+    }
+    let pad = |byte: u8| block.map(|b| b ^ byte);
+    let inner = Sha256::new()
+        .chain_update(pad(0x36))
+        .chain_update(message)
+        .finalize();
+    Sha256::new()
+        .chain_update(pad(0x5c))
+        .chain_update(inner)
+        .finalize()
+        .into()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn hex(bytes: &[u8]) -> String {
+        bytes.iter().map(|b| format!("{b:02x}")).collect()
+    }
+
+    #[test]
+    fn hmac_matches_rfc_4231() {
+        // Test case 2 (a short key) and 6 (a key longer than the block).
+        assert_eq!(
+            hex(&hmac_sha256(b"Jefe", b"what do ya want for nothing?")),
+            "5bdcc146bf60754e6a042426089575c75a003f089d2739839dec58b964ec3843"
+        );
+        assert_eq!(
+            hex(&hmac_sha256(
+                &[0xaa; 131],
+                b"Test Using Larger Than Block-Size Key - Hash Key First"
+            )),
+            "60e431591ee0b67f0d8a26aacbf5b77f8e0bc6213728c5140546040f0ee37f54"
+        );
+    }
+
+    #[test]
+    fn the_signature_is_standard_webhooks_own_example() {
+        // The example of the Standard Webhooks specification (its libraries' test).
+        let key =
+            SigningKey::parse(&Secret::new("whsec_MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw")).unwrap();
+        assert_eq!(
+            key.sign(
+                "msg_p5jXN8AQM9LWM0D4loKWxJek",
+                1614265330,
+                r#"{"test": 2432232314}"#
+            ),
+            "v1,g0hM9SsE+OTPJTGt/tmIKtSyZlE3uFJELVlNIOLJ1OE="
+        );
+    }
+
+    #[test]
+    fn a_secret_that_is_not_whsec_and_24_to_64_bytes_is_refused() {
+        let b64 = |n: usize| STANDARD.encode(vec![7u8; n]);
+        assert!(SigningKey::parse(&Secret::new(format!("whsec_{}", b64(24)))).is_ok());
+        assert!(SigningKey::parse(&Secret::new(format!("whsec_{}", b64(64)))).is_ok());
+        for bad in [
+            format!("whsec_{}", b64(23)),
+            format!("whsec_{}", b64(65)),
+            b64(32),
+            "whsec_not*base64".to_owned(),
+            String::new(),
+        ] {
+            assert!(
+                SigningKey::parse(&Secret::new(bad.as_str())).is_err(),
+                "{bad:?}"
+            );
+        }
+    }
+}
