@@ -96,6 +96,8 @@ impl App {
                     api_key: None,
                     model: scripted::MODEL.to_owned(),
                     h2c: settings.model.h2c,
+                    reasoning_effort: settings.model.reasoning_effort,
+                    wire: settings.model.wire_api,
                 };
                 (endpoint, Some(model))
             }

@@ -154,6 +154,7 @@ async fn chat_bodies(client: &reqwest::Client, url: &str) -> Result<(Bytes, Byte
         messages: prompts::opening(Effect::Charge, &order, false),
         tools: ToolBox::offered(false),
         max_tokens: Some(checkout::assistant::MAX_TOKENS),
+        reasoning_effort: None,
         stream: false,
         stream_options: None,
     };
@@ -181,6 +182,7 @@ async fn chat_bodies(client: &reqwest::Client, url: &str) -> Result<(Bytes, Byte
     .to_string();
     let id = call.id.clone();
     chat.messages.push(Message::Assistant {
+        reasoning: Vec::new(),
         content: message.content,
         tool_calls: calls,
     });

@@ -6,7 +6,7 @@ use crate::config::{self, AuthMode, Settings};
 use crate::db::Database;
 use crate::http::ModelInfo;
 use crate::http::serve::{ASSUMED_DESCRIPTORS, Bounds, Descriptors};
-use crate::model::ModelChain;
+use crate::model::{ModelChain, WireApi};
 use crate::outbox::MailTransport;
 
 /// Memory one waiting loop holds, as figure 2 measured it (`config::BYTES_PER_LOOP_*`):
@@ -307,10 +307,20 @@ pub(super) fn chain(settings: &Settings, db: &Database, model: &ModelInfo) {
 pub(super) fn endpoints(settings: &Settings, chain: &ModelChain) {
     for (i, client) in chain.endpoints().iter().enumerate() {
         let role = if i == 0 { "primary" } else { "fallback" };
+        let route = match client.proxy() {
+            Some(proxy) => format!("through the proxy {proxy} (HTTPS_PROXY/HTTP_PROXY)"),
+            None => "direct".to_owned(),
+        };
+        let api = match client.wire() {
+            WireApi::Chat => "chat completions",
+            WireApi::Responses => "the Responses API (stateless)",
+        };
         tracing::info!(
             endpoint = client.name(),
             role,
-            "model endpoint {}: {} ({role}), its own client, request retry, request timeout and circuit breaker",
+            wire = client.wire().as_str(),
+            proxy = client.proxy(),
+            "model endpoint {}: {} ({role}), {api}, {route}, its own client, request retry, request timeout and circuit breaker",
             i + 1,
             client.name()
         );

@@ -169,6 +169,7 @@ impl Inner {
             messages: prompts::opening(ctx.effect(), ctx.order(), ctx.email().is_some()),
             tools: ToolBox::offered_for(ctx.effect(), ctx.email().is_some()),
             max_tokens: Some(limits.max_tokens),
+            reasoning_effort: None,
             stream: false,
             stream_options: None,
         });
@@ -256,6 +257,7 @@ impl Inner {
                     Arc::make_mut(&mut chat).messages.push(Message::Assistant {
                         content: reply.content,
                         tool_calls: Vec::new(),
+                        reasoning: reply.reasoning,
                     });
                     Arc::make_mut(&mut chat)
                         .messages
@@ -290,6 +292,7 @@ impl Inner {
             Arc::make_mut(&mut chat).messages.push(Message::Assistant {
                 content: reply.content,
                 tool_calls: calls.clone(),
+                reasoning: reply.reasoning,
             });
             for call in calls {
                 step += 1;

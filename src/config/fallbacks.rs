@@ -4,12 +4,12 @@
 //! ```toml
 //! model_fallbacks = [
 //!   { base_url = "http://10.0.0.7:8000/v1", model = "qwen2.5-7b-instruct" },
-//!   { base_url = "https://api.example.com/v1", model = "m", api_key = "sk-..." },
+//!   { base_url = "https://api.example.com/v1", model = "m", api_key = "sk-...", reasoning_effort = "none", wire_api = "responses" },
 //! ]
 //! ```
 
 use super::{ConfigError, SettingError, Settings};
-use crate::model::ModelEndpoint;
+use crate::model::{ModelEndpoint, ReasoningEffort, WireApi};
 use crate::secret::Secret;
 
 /// The file key; it has no environment variable (`OPENAI_FALLBACK_*` is the one by
@@ -32,6 +32,8 @@ impl Settings {
                     .clone()
                     .unwrap_or_else(|| model.name.clone()),
                 h2c: false,
+                reasoning_effort: model.fallback_reasoning_effort.or(model.reasoning_effort),
+                wire: model.fallback_wire_api.unwrap_or(model.wire_api),
             });
         by_env
             .into_iter()
@@ -43,10 +45,13 @@ impl Settings {
     pub(super) fn check_fallbacks(&self) -> Result<(), ConfigError> {
         let model = &self.model;
         if model.fallback_base_url.is_none()
-            && (model.fallback_model.is_some() || model.fallback_api_key.is_some())
+            && (model.fallback_model.is_some()
+                || model.fallback_api_key.is_some()
+                || model.fallback_reasoning_effort.is_some()
+                || model.fallback_wire_api.is_some())
         {
             return Err(ConfigError::Combination(
-                "OPENAI_FALLBACK_MODEL and OPENAI_FALLBACK_API_KEY name a fallback endpoint, but OPENAI_FALLBACK_BASE_URL is not set".into(),
+                "OPENAI_FALLBACK_MODEL, OPENAI_FALLBACK_API_KEY, OPENAI_FALLBACK_REASONING_EFFORT and OPENAI_FALLBACK_WIRE_API name a fallback endpoint, but OPENAI_FALLBACK_BASE_URL is not set".into(),
             ));
         }
         Ok(())
@@ -64,14 +69,20 @@ impl Settings {
         let mut endpoints = Vec::new();
         for item in items {
             let text = |field: &str| item.get(field).and_then(toml::Value::as_str);
-            let known = ["base_url", "model", "api_key"];
+            let known = [
+                "base_url",
+                "model",
+                "api_key",
+                "reasoning_effort",
+                "wire_api",
+            ];
             let unknown = item
                 .as_table()
                 .and_then(|t| t.keys().find(|k| !known.contains(&k.as_str())).cloned());
             let (Some(base_url), Some(model), None) = (text("base_url"), text("model"), unknown)
             else {
                 return Err(invalid(format!(
-                    "each endpoint is {{ base_url = \"http(s)://...\", model = \"...\" }} with an optional api_key, got {item}"
+                    "each endpoint is {{ base_url = \"http(s)://...\", model = \"...\" }} with an optional api_key, reasoning_effort and wire_api, got {item}"
                 ))
                 .into());
             };
@@ -80,11 +91,33 @@ impl Settings {
                     invalid(format!("{base_url:?} is not an http:// or https:// URL")).into(),
                 );
             }
+            let reasoning_effort = match item.get("reasoning_effort") {
+                None => None,
+                Some(toml::Value::String(effort)) => ReasoningEffort::parse(effort)
+                    .map_err(|e| invalid(format!("reasoning_effort: {e}")))?,
+                Some(other) => {
+                    return Err(invalid(format!(
+                        "reasoning_effort: expected a string, got {other}"
+                    ))
+                    .into());
+                }
+            };
+            let wire = match item.get("wire_api") {
+                None => WireApi::Chat,
+                Some(toml::Value::String(wire)) => {
+                    WireApi::parse(wire).map_err(|e| invalid(format!("wire_api: {e}")))?
+                }
+                Some(other) => {
+                    return Err(invalid(format!("wire_api: expected a string, got {other}")).into());
+                }
+            };
             endpoints.push(ModelEndpoint {
                 base_url: base_url.trim_end_matches('/').to_owned(),
                 api_key: text("api_key").map(Secret::new),
                 model: model.to_owned(),
                 h2c: false,
+                reasoning_effort,
+                wire,
             });
         }
         self.model.file_fallbacks = endpoints;
@@ -136,6 +169,74 @@ mod tests {
         assert_eq!(s.model.breaker.window, 10);
         assert_eq!(s.model.breaker.failure_percent, 100);
         assert_eq!(s.model.breaker.open, Duration::from_millis(250));
+    }
+
+    #[test]
+    fn a_file_fallback_has_its_own_reasoning_effort_or_none() {
+        let file = r#"
+            openai_reasoning_effort = "low"
+            model_fallbacks = [
+              { base_url = "http://b/v1", model = "b", reasoning_effort = "none" },
+              { base_url = "http://c/v1", model = "c" },
+            ]
+        "#;
+        let s = load(file, &[("OPENAI_BASE_URL", "http://a/v1")]).unwrap();
+        let efforts: Vec<_> = s
+            .fallback_endpoints()
+            .iter()
+            .map(|e| e.reasoning_effort)
+            .collect();
+        assert_eq!(efforts, [Some(ReasoningEffort::None), None]);
+        let err = load(
+            r#"model_fallbacks = [{ base_url = "http://b", model = "b", reasoning_effort = "lots" }]"#,
+            &[],
+        )
+        .unwrap_err();
+        assert_eq!(
+            err.to_string(),
+            "invalid setting (config file only) (model_fallbacks in the config file): reasoning_effort: \"lots\" is not one of none, minimal, low, medium, high, xhigh"
+        );
+    }
+
+    #[test]
+    fn each_fallback_speaks_its_own_wire() {
+        let file = r#"
+            model_fallbacks = [
+              { base_url = "http://b/v1", model = "b", wire_api = "responses" },
+              { base_url = "http://c/v1", model = "c" },
+            ]
+        "#;
+        let env = [
+            ("OPENAI_BASE_URL", "http://a/v1"),
+            ("OPENAI_WIRE_API", "responses"),
+            ("OPENAI_FALLBACK_BASE_URL", "http://f/v1"),
+            ("OPENAI_FALLBACK_WIRE_API", "chat"),
+        ];
+        let s = load(file, &env).unwrap();
+        assert_eq!(s.model.wire_api, WireApi::Responses);
+        let wires: Vec<_> = s.fallback_endpoints().iter().map(|e| e.wire).collect();
+        assert_eq!(wires, [WireApi::Chat, WireApi::Responses, WireApi::Chat]);
+        let s = load("", &env[..3]).unwrap();
+        assert_eq!(
+            s.fallback_endpoints()[0].wire,
+            WireApi::Responses,
+            "the env fallback's defaults to the primary's"
+        );
+        let err = load("", &[("OPENAI_WIRE_API", "completions")]).unwrap_err();
+        assert_eq!(
+            err.to_string(),
+            "invalid setting OPENAI_WIRE_API (openai_wire_api in the config file): \"completions\" is neither chat nor responses"
+        );
+        let err = load(
+            r#"model_fallbacks = [{ base_url = "http://b", model = "b", wire_api = "soap" }]"#,
+            &[],
+        )
+        .unwrap_err();
+        assert!(
+            err.to_string()
+                .contains("wire_api: \"soap\" is neither chat nor responses"),
+            "{err}"
+        );
     }
 
     #[test]

@@ -22,7 +22,10 @@ use std::time::Duration;
 use crate::assistant::LoopRetrySettings;
 use crate::db::PoolSettings;
 use crate::model::scripted::FaultRule;
-use crate::model::{BreakerSettings, ModelEndpoint, RequestRetrySettings, TransportSettings};
+use crate::model::{
+    BreakerSettings, ModelEndpoint, ReasoningEffort, RequestRetrySettings, TransportSettings,
+    WireApi,
+};
 use crate::outbox::MailSettings;
 use crate::payments::PerCurrency;
 use crate::payments::stripe::StripeSettings;
@@ -158,11 +161,17 @@ pub struct ModelSettings {
     pub api_key: Option<Secret>,
     pub name: String,
     pub h2c: bool,
-    /// `OPENAI_FALLBACK_*`: the first fallback endpoint; its model defaults to the
-    /// primary's, its key to none.
+    /// `OPENAI_REASONING_EFFORT`: none sent when unset.
+    pub reasoning_effort: Option<ReasoningEffort>,
+    /// `OPENAI_WIRE_API`: chat completions (the default) or the Responses API.
+    pub wire_api: WireApi,
+    /// `OPENAI_FALLBACK_*`: the first fallback endpoint; its model, reasoning effort and
+    /// wire default to the primary's, its key to none.
     pub fallback_base_url: Option<String>,
     pub fallback_api_key: Option<Secret>,
     pub fallback_model: Option<String>,
+    pub fallback_reasoning_effort: Option<ReasoningEffort>,
+    pub fallback_wire_api: Option<WireApi>,
     /// The fallbacks after it, from the config file (`model_fallbacks`).
     pub file_fallbacks: Vec<ModelEndpoint>,
     /// Every endpoint's circuit breaker.
@@ -292,9 +301,13 @@ impl Default for Settings {
                 api_key: None,
                 name: "gpt-4o-mini".into(),
                 h2c: false,
+                reasoning_effort: None,
+                wire_api: WireApi::Chat,
                 fallback_base_url: None,
                 fallback_api_key: None,
                 fallback_model: None,
+                fallback_reasoning_effort: None,
+                fallback_wire_api: None,
                 file_fallbacks: Vec::new(),
                 breaker: BreakerSettings {
                     window: 20,
@@ -501,6 +514,8 @@ impl Settings {
             api_key: model.api_key.clone(),
             model: model.name.clone(),
             h2c: model.h2c,
+            reasoning_effort: model.reasoning_effort,
+            wire: model.wire_api,
         })
     }
 }

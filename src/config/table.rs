@@ -6,6 +6,7 @@ use std::time::Duration;
 
 use super::{AuthMode, PaymentProvider, Settings};
 use crate::model::scripted::FaultRule;
+use crate::model::{ReasoningEffort, WireApi};
 use crate::outbox::MailSettings;
 use crate::payments::PerCurrency;
 use crate::secret::Secret;
@@ -40,10 +41,14 @@ pub const SETTINGS: &[(&str, &str, Setter)] = &[
     ("openai_base_url", "OPENAI_BASE_URL", |s, v| put(&mut s.model.base_url, http_url(v).map(Some))),
     ("openai_api_key", "OPENAI_API_KEY", |s, v| put(&mut s.model.api_key, Ok((!v.is_empty()).then(|| Secret::new(v))))),
     ("openai_model", "OPENAI_MODEL", |s, v| put(&mut s.model.name, not_empty(v))),
+    ("openai_reasoning_effort", "OPENAI_REASONING_EFFORT", |s, v| put(&mut s.model.reasoning_effort, ReasoningEffort::parse(v))),
+    ("openai_wire_api", "OPENAI_WIRE_API", |s, v| put(&mut s.model.wire_api, WireApi::parse(v))),
     ("model_h2c", "CHECKOUT_MODEL_H2C", |s, v| put(&mut s.model.h2c, boolean(v))),
     ("openai_fallback_base_url", "OPENAI_FALLBACK_BASE_URL", |s, v| put(&mut s.model.fallback_base_url, http_url(v).map(Some))),
     ("openai_fallback_api_key", "OPENAI_FALLBACK_API_KEY", |s, v| put(&mut s.model.fallback_api_key, Ok((!v.is_empty()).then(|| Secret::new(v))))),
     ("openai_fallback_model", "OPENAI_FALLBACK_MODEL", |s, v| put(&mut s.model.fallback_model, not_empty(v).map(Some))),
+    ("openai_fallback_reasoning_effort", "OPENAI_FALLBACK_REASONING_EFFORT", |s, v| put(&mut s.model.fallback_reasoning_effort, ReasoningEffort::parse(v))),
+    ("openai_fallback_wire_api", "OPENAI_FALLBACK_WIRE_API", |s, v| put(&mut s.model.fallback_wire_api, WireApi::parse(v).map(Some))),
     ("breaker_window", "CHECKOUT_BREAKER_WINDOW", |s, v| put(&mut s.model.breaker.window, number(v, 1, 10_000))),
     ("breaker_failure_percent", "CHECKOUT_BREAKER_FAILURE_PERCENT", |s, v| put(&mut s.model.breaker.failure_percent, number(v, 1, 100))),
     ("breaker_open_ms", "CHECKOUT_BREAKER_OPEN_MS", |s, v| put(&mut s.model.breaker.open, millis(v, 1))),

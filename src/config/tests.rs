@@ -131,3 +131,45 @@ fn settings_that_cannot_work_are_refused() {
         "{err}"
     );
 }
+
+#[test]
+fn a_reasoning_effort_is_sent_per_endpoint_and_a_bad_one_names_its_setting() {
+    let s = load(&[]).unwrap();
+    assert_eq!(s.model.reasoning_effort, None, "unset sends nothing");
+    let s = load(&[
+        ("OPENAI_BASE_URL", "http://a/v1"),
+        ("OPENAI_REASONING_EFFORT", "none"),
+        ("OPENAI_FALLBACK_BASE_URL", "http://b/v1"),
+    ])
+    .unwrap();
+    let ModelSource::Remote(primary) = s.model_source() else {
+        panic!("a remote model")
+    };
+    assert_eq!(primary.reasoning_effort, Some(ReasoningEffort::None));
+    assert_eq!(
+        s.fallback_endpoints()[0].reasoning_effort,
+        Some(ReasoningEffort::None),
+        "the fallback's defaults to the primary's, as its model does"
+    );
+    let s = load(&[
+        ("OPENAI_REASONING_EFFORT", "none"),
+        ("OPENAI_FALLBACK_BASE_URL", "http://b/v1"),
+        ("OPENAI_FALLBACK_REASONING_EFFORT", "xhigh"),
+    ])
+    .unwrap();
+    assert_eq!(
+        s.fallback_endpoints()[0].reasoning_effort,
+        Some(ReasoningEffort::Xhigh)
+    );
+    let err = load(&[("OPENAI_REASONING_EFFORT", "max")]).unwrap_err();
+    assert_eq!(
+        err.to_string(),
+        "invalid setting OPENAI_REASONING_EFFORT (openai_reasoning_effort in the config file): \"max\" is not one of none, minimal, low, medium, high, xhigh"
+    );
+    let err = load(&[("OPENAI_FALLBACK_REASONING_EFFORT", "low")]).unwrap_err();
+    assert!(
+        err.to_string()
+            .contains("OPENAI_FALLBACK_BASE_URL is not set"),
+        "{err}"
+    );
+}

@@ -6,6 +6,7 @@ use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
 use bytes::Bytes;
 
 use super::live::LiveText;
+use super::responses::{self, WireApi};
 use super::wire::ChatRequest;
 
 /// One chat-completions request, cloned cheaply for each retry. Its own file, so that the
@@ -18,6 +19,8 @@ pub struct ModelCall {
     /// bytes were held beside every waiting loop for as long as the model thought (bench
     /// figures 2 and 12).
     pub chat: Arc<ChatRequest>,
+    /// The API it is written for: chat completions, or the Responses API's items.
+    pub wire: WireApi,
     /// The loop round this request belongs to (1 = the first request of a loop attempt).
     pub round: u32,
     /// 1 for the first send, 2 for the first retry, …
@@ -42,7 +45,11 @@ impl ModelCall {
     /// place.
     pub fn body(&self) -> Bytes {
         let mut body = Vec::with_capacity(2048);
-        serde_json::to_writer(&mut body, &*self.chat).expect("chat requests always serialize");
+        match self.wire {
+            WireApi::Chat => serde_json::to_writer(&mut body, &*self.chat)
+                .expect("chat requests always serialize"),
+            WireApi::Responses => responses::write_request(&self.chat, &mut body),
+        }
         Bytes::from(body.into_boxed_slice())
     }
 

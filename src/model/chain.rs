@@ -54,7 +54,7 @@ impl ModelChain {
 
     /// Asks the turn of each endpoint in order until one answers; returns the answer and
     /// the endpoint that gave it, or the failure of the last endpoint asked. `chat.model`
-    /// is set to each endpoint's model as it is asked. With `live`, each is asked for a
+    /// and `chat.reasoning_effort` are set to each endpoint's as it is asked. With `live`, each is asked for a
     /// streamed answer whose text goes there as it comes: a stream that breaks is a
     /// transient failure like any other, and the next endpoint streams its own answer.
     pub async fn complete(
@@ -73,7 +73,9 @@ impl ModelChain {
             include_usage: true,
         });
         for (i, endpoint) in self.endpoints.iter().enumerate() {
-            endpoint.model().clone_into(&mut Arc::make_mut(chat).model);
+            let asking = Arc::make_mut(chat);
+            endpoint.model().clone_into(&mut asking.model);
+            asking.reasoning_effort = endpoint.reasoning_effort();
             let failover = i < last;
             let asked = endpoint.complete(chat, round, sent.clone(), failover, live.clone());
             match asked.await {

@@ -20,6 +20,9 @@ use super::call::ModelCall;
 use super::error::{ModelError, ModelErrorKind};
 use super::live::LiveText;
 use super::observe::ObserveLayer;
+use super::reasoning::{self, ReasoningEffort};
+use super::responses::{self, WireApi};
+use super::responses_stream;
 use super::retry::{RequestRetry, RequestRetrySettings};
 use super::stream;
 use super::transport::{Transport, TransportSettings};
@@ -31,7 +34,8 @@ use crate::telemetry::genai;
 /// Where the model is and how to reach it.
 #[derive(Clone, Debug)]
 pub struct ModelEndpoint {
-    /// Base URL, such as `https://api.openai.com/v1`; `/chat/completions` is appended.
+    /// Base URL, such as `https://api.openai.com/v1`; `/chat/completions` (or `/responses`)
+    /// is appended.
     pub base_url: String,
     pub api_key: Option<Secret>,
     pub model: String,
@@ -39,6 +43,10 @@ pub struct ModelEndpoint {
     /// share a few connections instead of holding one each. Over `https://` the client
     /// offers HTTP/2 by ALPN whatever this says.
     pub h2c: bool,
+    /// Sent as `reasoning_effort` when set (`OPENAI_REASONING_EFFORT`).
+    pub reasoning_effort: Option<ReasoningEffort>,
+    /// Chat completions or the Responses API (`OPENAI_WIRE_API`).
+    pub wire: WireApi,
 }
 
 impl ModelEndpoint {
@@ -53,6 +61,10 @@ impl ModelEndpoint {
 pub struct ModelClient {
     stack: BoxCloneSyncService<ModelCall, ChatResponse, BoxError>,
     model: Arc<str>,
+    reasoning_effort: Option<ReasoningEffort>,
+    wire: WireApi,
+    /// The forward proxy its requests go through, if the environment names one.
+    proxy: Option<Arc<str>>,
     /// `model@base_url`: [`ModelEndpoint::name`].
     name: Arc<str>,
     /// `model#position`: the metrics' name, without the URL (an address is never a label).
@@ -78,10 +90,12 @@ impl ModelClient {
         metrics: &Metrics,
     ) -> Result<Self, BoxError> {
         let url = format!(
-            "{}/chat/completions",
-            endpoint.base_url.trim_end_matches('/')
+            "{}{}",
+            endpoint.base_url.trim_end_matches('/'),
+            endpoint.wire.path()
         );
         let transport = Transport::new(url.parse()?, endpoint.h2c, &settings.transport)?;
+        let proxy = transport.proxy().map(Arc::from);
         let authorization = match &endpoint.api_key {
             Some(key) => {
                 let mut value = HeaderValue::try_from(format!("Bearer {}", key.expose()))
@@ -94,6 +108,7 @@ impl ModelClient {
         let transport = ChatTransport(Arc::new(ChatPost {
             transport,
             authorization,
+            wire: endpoint.wire,
         }));
         let target = metrics.genai_target(genai::PROVIDER, &endpoint.model);
         let name = endpoint.name();
@@ -114,6 +129,9 @@ impl ModelClient {
         Ok(ModelClient {
             stack: BoxCloneSyncService::new(stack),
             model: endpoint.model.as_str().into(),
+            reasoning_effort: endpoint.reasoning_effort,
+            wire: endpoint.wire,
+            proxy,
             name: name.into(),
             metric_label: metric_label.into(),
             breaker,
@@ -123,6 +141,22 @@ impl ModelClient {
 
     pub fn model(&self) -> &str {
         &self.model
+    }
+
+    /// The forward proxy (`http://host:port`) the endpoint's requests go through, if the
+    /// environment (`HTTPS_PROXY`, `HTTP_PROXY`, `NO_PROXY`) names one for it.
+    pub fn proxy(&self) -> Option<&str> {
+        self.proxy.as_deref()
+    }
+
+    /// The API the endpoint speaks.
+    pub fn wire(&self) -> WireApi {
+        self.wire
+    }
+
+    /// What the endpoint's requests say as `reasoning_effort`, if anything.
+    pub fn reasoning_effort(&self) -> Option<ReasoningEffort> {
+        self.reasoning_effort
     }
 
     /// How the log, `/health/ready` and the journal name the endpoint: `model@base_url`.
@@ -160,6 +194,7 @@ impl ModelClient {
     ) -> Result<Completion, ModelError> {
         let call = ModelCall {
             chat: request.clone(),
+            wire: self.wire,
             round,
             attempt: 1,
             sent,
@@ -210,6 +245,8 @@ struct ChatPost {
     transport: Transport,
     /// `Bearer <key>`, marked sensitive.
     authorization: Option<HeaderValue>,
+    /// How the answer is read: a chat completion, or a Responses answer.
+    wire: WireApi,
 }
 
 impl Service<ModelCall> for ChatTransport {
@@ -278,12 +315,15 @@ impl ChatPost {
         // The body's UTF-8 checked once, not string by string as `from_slice` checks it.
         let text = std::str::from_utf8(&body)
             .map_err(|err| ModelError::unusable(format!("its body is not UTF-8 text ({err})")))?;
-        serde_json::from_str(text).map_err(|err| {
-            let start: String = text.chars().take(80).collect();
-            ModelError::unusable(format!(
-                "its body is not a chat completion ({err}); it starts: {start:?}"
-            ))
-        })
+        match self.wire {
+            WireApi::Chat => serde_json::from_str(text).map_err(|err| {
+                let start: String = text.chars().take(80).collect();
+                ModelError::unusable(format!(
+                    "its body is not a chat completion ({err}); it starts: {start:?}"
+                ))
+            }),
+            WireApi::Responses => responses::read_answer(text),
+        }
     }
 }
 
@@ -305,7 +345,10 @@ impl ChatPost {
             }
             return Err(status_error(status.as_u16(), &body, retry_after));
         }
-        let answer = stream::read(response.into_body(), attempt).await;
+        let answer = match self.wire {
+            WireApi::Chat => stream::read(response.into_body(), attempt).await,
+            WireApi::Responses => responses_stream::read(response.into_body(), attempt).await,
+        };
         tracing::debug!(
             round = call.round,
             attempt = call.attempt,
@@ -330,10 +373,14 @@ fn retry_after(headers: &HeaderMap) -> Option<Duration> {
     )
 }
 
-/// A provider's answer that is not a success: its status, its error body's fields, and
-/// how long it asked us to wait.
+/// A provider's answer that is not a success: its status, its error body's fields (and,
+/// for a refusal of the request's reasoning effort, the settings that fix it), and how
+/// long it asked us to wait.
 fn status_error(status: u16, body: &[u8], retry_after: Option<Duration>) -> ModelError {
-    let (code, message) = error_fields(status, body);
+    let (code, mut message) = error_fields(status, body);
+    if let Some(hint) = reasoning::refusal_hint(status, body) {
+        message = format!("{message} ({hint})");
+    }
     ModelError::new(ModelErrorKind::Status {
         status,
         code,
@@ -420,6 +467,8 @@ mod tests {
             api_key: Some(Secret::new("sk-live-123")),
             model: "m".into(),
             h2c: false,
+            reasoning_effort: None,
+            wire: WireApi::Chat,
         };
         assert!(!format!("{endpoint:?}").contains("sk-live-123"));
     }

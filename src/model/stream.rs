@@ -133,6 +133,7 @@ impl Assembly {
                 message: AssistantMessage {
                     content: self.content,
                     tool_calls: (!self.calls.is_empty()).then_some(self.calls),
+                    reasoning: Vec::new(),
                 },
                 finish_reason: self.finish_reason,
             }],

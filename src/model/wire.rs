@@ -5,6 +5,8 @@
 use serde::{Deserialize, Serialize};
 use serde_json::value::RawValue;
 
+use super::reasoning::ReasoningEffort;
+
 /// The most tool calls taken from one answer (a checkout needs two at most): an answer
 /// with more cannot be used, and the next endpoint is asked.
 pub const MAX_TOOL_CALLS: usize = 16;
@@ -20,6 +22,9 @@ pub struct ChatRequest {
     /// for thousands of tokens.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub max_tokens: Option<u32>,
+    /// The endpoint's `OPENAI_REASONING_EFFORT`; left out when unset.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub reasoning_effort: Option<ReasoningEffort>,
     /// Asks for the answer as Server-Sent Events of [`ChatChunk`]s: only when someone
     /// watches the operation (docs/streaming.md); left out otherwise.
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
@@ -159,6 +164,10 @@ pub enum Message {
         content: Option<String>,
         #[serde(default, skip_serializing_if = "Vec::is_empty")]
         tool_calls: Vec<ToolCall>,
+        /// The Responses API's reasoning items that came with this answer: sent back
+        /// before it on that wire (`responses.rs`), never in a chat-completions request.
+        #[serde(default, skip_serializing)]
+        reasoning: Vec<serde_json::Value>,
     },
     Tool {
         tool_call_id: String,
@@ -231,6 +240,15 @@ pub struct AssistantMessage {
         deserialize_with = "received_calls"
     )]
     pub tool_calls: Option<Vec<ToolCall>>,
+    /// The reasoning items a Responses endpoint returned with the answer, as it gave them
+    /// (`responses.rs`): journaled with the answer, so a replayed or resumed loop sends
+    /// them back too. Named apart from any field a chat server sends.
+    #[serde(
+        rename = "reasoning_items",
+        default,
+        skip_serializing_if = "Vec::is_empty"
+    )]
+    pub reasoning: Vec<serde_json::Value>,
 }
 
 /// A tool call as a server sends it. Some (Ollama's native API, some proxies) send the
@@ -328,6 +346,7 @@ mod tests {
             }],
             tools,
             max_tokens: Some(5),
+            reasoning_effort: None,
             stream: false,
             stream_options: None,
         };
@@ -366,6 +385,7 @@ mod tests {
         let call =
             arguments(r#"{"id":"c","function":{"name":"charge","arguments":{"orderId":"A-1"}}}"#);
         let echoed = Message::Assistant {
+            reasoning: Vec::new(),
             content: None,
             tool_calls: vec![ToolCall {
                 id: "c".into(),

@@ -1,4 +1,5 @@
-//! The scripted model: an OpenAI-compatible chat-completions server on loopback.
+//! The scripted model: an OpenAI-compatible chat-completions server on loopback, which
+//! also serves the same conversation over the Responses API (`/v1/responses`).
 //!
 //! It is the service's model when no provider is configured, and the tests' model: the
 //! service talks to it over HTTP through the same client as to OpenAI, so no test mocks
@@ -17,10 +18,12 @@
 //! faults) and `script` (what the assistant answers).
 
 mod plan;
+mod responses;
 mod script;
 mod server;
 mod streamed;
 
+use std::collections::VecDeque;
 use std::net::SocketAddr;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
@@ -30,6 +33,7 @@ use tokio::net::TcpListener;
 use tokio::task::JoinHandle;
 
 pub use plan::{Fault, FaultRule, RetryAfter, describe};
+pub use responses::reasoning_item;
 use server::{Plan, State, accept_loop};
 
 /// The model name the built-in scripted model goes by, when it is the service's model (no
@@ -77,10 +81,12 @@ impl ScriptedModel {
             output_tokens: AtomicU64::new(0),
             http2_requests: AtomicU64::new(0),
             streamed_requests: AtomicU64::new(0),
+            responses_requests: AtomicU64::new(0),
             connections: AtomicU64::new(0),
             by_round: Mutex::new(Vec::new()),
             arrivals: Mutex::new(Vec::new()),
             traceparents: Mutex::new(Vec::new()),
+            bodies: Mutex::new(VecDeque::with_capacity(server::KEPT_BODIES)),
         });
         let accept = tokio::spawn(accept_loop(listener, state.clone()));
         Ok(ScriptedModel {
@@ -127,6 +133,12 @@ impl ScriptedModel {
         self.state.streamed_requests.load(Ordering::SeqCst)
     }
 
+    /// Requests to `/v1/responses` (the Responses API) so far, faulted ones included;
+    /// [`requests`](Self::requests) counts them too.
+    pub fn responses_requests(&self) -> u64 {
+        self.state.responses_requests.load(Ordering::SeqCst)
+    }
+
     /// Requests received so far for round `round` (1-based).
     pub fn requests_at_round(&self, round: u32) -> u64 {
         let by_round = self.state.by_round.lock().unwrap();
@@ -142,6 +154,15 @@ impl ScriptedModel {
     /// the request had none).
     pub fn traceparents(&self) -> Vec<Option<String>> {
         self.state.traceparents.lock().unwrap().clone()
+    }
+
+    /// The JSON bodies of the last requests received (at most 64), oldest first.
+    pub fn recent_requests(&self) -> Vec<serde_json::Value> {
+        let bodies = self.state.bodies.lock().unwrap();
+        bodies
+            .iter()
+            .map(|body| serde_json::from_slice(body).unwrap_or(serde_json::Value::Null))
+            .collect()
     }
 
     /// Replaces the fault plan; counts of the new rules start at zero.

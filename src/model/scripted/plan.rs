@@ -54,6 +54,13 @@ pub enum Fault {
     DoubleConfirm,
     /// Answer what a real server once answered: a response recorded with `curl -i`.
     Replay(Recording),
+    /// Refuse function tools beside a reasoning effort, as OpenAI's reasoning models do on
+    /// chat completions: 400 `param: "reasoning_effort"` to a request with tools whose
+    /// `reasoning_effort` is anything but `none`, absent included (the gpt-5.6 family
+    /// thinks by default); a request with `none` is answered as the script would. OpenAI
+    /// is not reachable from here and no server that runs here refuses so: a fake of our
+    /// own, its body the one the provider sends (issue 48 quotes it).
+    RefuseToolsWithReasoning,
     /// Answer as the script would, in a form some real servers use. Like `slow`, it lets
     /// the next matching rule choose the answer.
     Quirk(Quirk),
@@ -150,7 +157,7 @@ impl Fault {
     /// `timeout`, `close`, `slow=1500`, `malformed`, `break-stream`, `endless-stream`,
     /// `wrong-order`, `wrong-amount`,
     /// `double-charge`, `recharge` (alias `never-stop`), `no-charge`, `unknown-tool`,
-    /// `bad-arguments`, `missing-field`, `numeric-amount`, `confirm-first`, `double-confirm`, `replay=PATH` (a `curl -i`
+    /// `bad-arguments`, `missing-field`, `numeric-amount`, `confirm-first`, `double-confirm`, `refuse-tools-with-reasoning`, `replay=PATH` (a `curl -i`
     /// recording; the path has no `@`, `+` or `,`), and the quirks `empty-content`,
     /// `text-before-call`, `finish-stop`, `finish-tool-calls`, `object-arguments`,
     /// `same-id`.
@@ -211,6 +218,7 @@ impl Fault {
                 "numeric-amount" => Fault::NumericAmount,
                 "confirm-first" => Fault::ConfirmFirst,
                 "double-confirm" => Fault::DoubleConfirm,
+                "refuse-tools-with-reasoning" => Fault::RefuseToolsWithReasoning,
                 "empty-content" => Fault::Quirk(Quirk::EmptyContent),
                 "text-before-call" => Fault::Quirk(Quirk::TextBeforeCall),
                 "finish-stop" => Fault::Quirk(Quirk::FinishStop),

@@ -1,6 +1,7 @@
 //! The HTTP server: accepts connections, counts requests, checks the key, applies the
 //! fault plan's transport faults, and hands the rest to the script.
 
+use std::collections::VecDeque;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant, SystemTime};
@@ -22,6 +23,7 @@ use tokio::net::TcpListener;
 use super::plan::{Fault, FaultRule, Pick, Recording, RetryAfter, pick_fault};
 use super::script::assistant_answer;
 use super::streamed::{self, CloseConnection};
+use crate::model::reasoning::ReasoningEffort;
 use crate::model::wire::{ChatRequest, Message};
 
 pub(super) struct State {
@@ -33,12 +35,24 @@ pub(super) struct State {
     pub(super) http2_requests: AtomicU64,
     /// Chat-completions requests that asked `stream: true`.
     pub(super) streamed_requests: AtomicU64,
+    /// Requests to `/v1/responses`.
+    pub(super) responses_requests: AtomicU64,
     pub(super) connections: AtomicU64,
     pub(super) by_round: Mutex<Vec<u64>>,
     pub(super) arrivals: Mutex<Vec<Instant>>,
     /// The `traceparent` header of each chat-completions request, in order.
     pub(super) traceparents: Mutex<Vec<Option<String>>>,
+    /// The bodies of the last [`KEPT_BODIES`] requests, oldest first.
+    pub(super) bodies: Mutex<VecDeque<Bytes>>,
 }
+
+/// Request bodies kept for a test to read: a few checkouts' worth, so that a benchmark's
+/// thousands of requests do not pile up.
+pub(super) const KEPT_BODIES: usize = 64;
+
+/// OpenAI's refusal of function tools beside a reasoning effort on chat completions, as
+/// its reasoning models send it (issue 48).
+const TOOLS_WITH_REASONING: &str = r#"{"error":{"message":"Function tools with reasoning_effort are not supported for gpt-5.6-luna in /v1/chat/completions. To use function tools, use /v1/responses or set reasoning_effort to 'none'.","type":"invalid_request_error","param":"reasoning_effort","code":null}}"#;
 
 pub(super) struct Plan {
     pub(super) rules: Vec<(FaultRule, u32)>,
@@ -78,8 +92,9 @@ async fn handle(state: Arc<State>, request: Request<Incoming>) -> Result<Reply, 
     let path = request.uri().path();
     match (request.method(), path) {
         (&Method::POST, "/v1/chat/completions" | "/chat/completions") => {
-            completions(&state, request).await
+            completions(&state, request, false).await
         }
+        (&Method::POST, "/v1/responses" | "/responses") => completions(&state, request, true).await,
         (&Method::GET, "/v1/models" | "/models") => Ok(json_answer(
             StatusCode::OK,
             &json!({"object": "list", "data": [{"id": super::MODEL, "object": "model", "owned_by": "checkout"}]}),
@@ -99,8 +114,17 @@ async fn handle(state: Arc<State>, request: Request<Incoming>) -> Result<Reply, 
     }
 }
 
-async fn completions(state: &State, request: Request<Incoming>) -> Result<Reply, CloseConnection> {
+/// One model request: a chat completion, or (`responses`) a Responses request, the same
+/// conversation in that API's items (`responses.rs`).
+async fn completions(
+    state: &State,
+    request: Request<Incoming>,
+    responses: bool,
+) -> Result<Reply, CloseConnection> {
     let number = state.requests.fetch_add(1, Ordering::SeqCst) + 1;
+    if responses {
+        state.responses_requests.fetch_add(1, Ordering::SeqCst);
+    }
     if request.version() == hyper::Version::HTTP_2 {
         state.http2_requests.fetch_add(1, Ordering::SeqCst);
     }
@@ -129,6 +153,13 @@ async fn completions(state: &State, request: Request<Incoming>) -> Result<Reply,
         Ok(body) => body.to_bytes(),
         Err(_) => return Err(CloseConnection),
     };
+    {
+        let mut bodies = state.bodies.lock().unwrap();
+        if bodies.len() == KEPT_BODIES {
+            bodies.pop_front();
+        }
+        bodies.push_back(body.clone());
+    }
     if !authorized {
         return Ok(error_answer(
             StatusCode::UNAUTHORIZED,
@@ -136,13 +167,18 @@ async fn completions(state: &State, request: Request<Incoming>) -> Result<Reply,
             "Incorrect API key provided.",
         ));
     }
-    let chat: ChatRequest = match serde_json::from_slice(&body) {
+    let read = match responses {
+        false => serde_json::from_slice(&body)
+            .map_err(|err| format!("the request is not a chat completion: {err}")),
+        true => super::responses::chat_of(&body),
+    };
+    let chat: ChatRequest = match read {
         Ok(chat) => chat,
-        Err(err) => {
+        Err(why) => {
             return Ok(error_answer(
                 StatusCode::BAD_REQUEST,
                 "invalid_request_error",
-                &format!("the request is not a chat completion: {err}"),
+                &why,
             ));
         }
     };
@@ -228,7 +264,17 @@ async fn completions(state: &State, request: Request<Incoming>) -> Result<Reply,
             endless_json()
         })),
         Some(Fault::Replay(recording)) => Ok(replayed(&recording)),
+        Some(Fault::RefuseToolsWithReasoning)
+            if !chat.tools.is_empty() && chat.reasoning_effort != Some(ReasoningEffort::None) =>
+        {
+            Ok(Response::builder()
+                .status(StatusCode::BAD_REQUEST)
+                .header(CONTENT_TYPE, "application/json")
+                .body(full(TOOLS_WITH_REASONING))
+                .expect("a valid response"))
+        }
         other => {
+            let other = other.filter(|f| *f != Fault::RefuseToolsWithReasoning);
             let broken = other == Some(Fault::BreakStream);
             let fault = other.filter(|_| !broken);
             let answer = assistant_answer(&chat, number, fault, &quirks);
@@ -239,7 +285,14 @@ async fn completions(state: &State, request: Request<Incoming>) -> Result<Reply,
             state
                 .output_tokens
                 .fetch_add(tokens("completion_tokens"), Ordering::SeqCst);
+            let answer = match responses {
+                true => super::responses::answer_of(&answer, number),
+                false => answer,
+            };
             Ok(match (chat.stream, broken) {
+                (true, _) if responses => {
+                    streamed_answer(streamed::body(super::responses::events(&answer), broken))
+                }
                 (true, _) => {
                     streamed_answer(streamed::body(streamed::pieces(&chat, &answer), broken))
                 }

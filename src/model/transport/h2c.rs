@@ -20,8 +20,11 @@ use h2::client::SendRequest;
 use h2::{Ping, RecvStream};
 use hyper::header::{CONTENT_LENGTH, HeaderValue};
 use hyper::{Request, Response};
+use hyper_util::client::legacy::connect::HttpConnector;
+use hyper_util::client::legacy::connect::proxy::Tunnel;
 use tokio::sync::{Notify, oneshot};
 use tokio::task::JoinHandle;
+use tower::ServiceExt;
 
 use super::{
     CONNECTION_WINDOW, CONNECTIONS, Chunks, MAX_H2C_CONNECTIONS, TransportSettings, check_head,
@@ -33,6 +36,8 @@ use crate::model::error::ModelError;
 pub struct H2c {
     /// `host:port` of the base URL.
     authority: String,
+    /// A CONNECT tunnel through the proxy the environment names, if any.
+    tunnel: Option<Tunnel<HttpConnector>>,
     settings: TransportSettings,
     pool: Mutex<Pool>,
     /// Told when a connect ends, for the requests that waited on it.
@@ -81,9 +86,14 @@ enum Next {
 }
 
 impl H2c {
-    pub fn new(authority: String, settings: &TransportSettings) -> Self {
+    pub fn new(
+        authority: String,
+        tunnel: Option<Tunnel<HttpConnector>>,
+        settings: &TransportSettings,
+    ) -> Self {
         H2c {
             authority,
+            tunnel,
             settings: *settings,
             pool: Mutex::new(Pool::default()),
             connected: Notify::new(),
@@ -277,7 +287,20 @@ impl H2c {
     /// among them): they come before its answer to a first PING.
     async fn connect(&self) -> Result<Connection, ModelError> {
         let s = &self.settings;
-        let tcp = tcp(&self.authority, s.connect_timeout).await?;
+        let tcp = match &self.tunnel {
+            None => tcp(&self.authority, s.connect_timeout).await?,
+            Some(tunnel) => {
+                let target = format!("http://{}", self.authority)
+                    .parse()
+                    .map_err(ModelError::connect)?;
+                tunnel
+                    .clone()
+                    .oneshot(target)
+                    .await
+                    .map_err(ModelError::connect)?
+                    .into_inner()
+            }
+        };
         // The stream's window no larger than an answer may be (hyper's 2 MiB at most).
         let (send, mut connection) = h2::client::Builder::new()
             .initial_window_size(s.max_answer_bytes.clamp(65_535, 2 << 20) as u32)

@@ -10,6 +10,8 @@
 //!   effect of ours, so sending it again is always safe.
 //! - `http://` with `CHECKOUT_MODEL_H2C`: HTTP/2 by prior knowledge on the `h2` crate's
 //!   own connections (`h2c.rs`).
+//! - Either through the forward proxy the environment names (`HTTPS_PROXY`,
+//!   `HTTP_PROXY`, `NO_PROXY`), as reqwest and curl follow one (`proxy.rs`).
 //!
 //! Every answer is read up to [`TransportSettings::max_answer_bytes`]: a longer one is
 //! cut off, its connection closed, and the request fails as [`Unusable`](super::ModelErrorKind::Unusable)
@@ -17,6 +19,7 @@
 //! read, an encoding the client did not ask for, and a redirect.
 
 mod h2c;
+mod proxy;
 
 use std::pin::Pin;
 use std::sync::atomic::{AtomicUsize, Ordering};
@@ -25,7 +28,9 @@ use std::time::Duration;
 use bytes::Bytes;
 use futures_util::{Stream, TryStreamExt};
 use http_body_util::{BodyExt, Full, Limited};
-use hyper::header::{CONTENT_ENCODING, CONTENT_LENGTH, HeaderMap, LOCATION};
+use hyper::header::{
+    CONTENT_ENCODING, CONTENT_LENGTH, HeaderMap, HeaderValue, LOCATION, PROXY_AUTHORIZATION,
+};
 use hyper::{Request, Response, Uri};
 use hyper_rustls::HttpsConnector;
 use hyper_util::client::legacy::Client;
@@ -35,6 +40,7 @@ use rustls_platform_verifier::ConfigVerifierExt;
 use tower::BoxError;
 
 use self::h2c::H2c;
+use self::proxy::{Connector, Route};
 use super::call::ModelCall;
 use super::error::ModelError;
 
@@ -96,6 +102,10 @@ pub struct Transport {
     wire: Wire,
     uri: Uri,
     max_answer_bytes: usize,
+    /// The proxy the requests go through, if any: for the start-up line.
+    proxy: Option<String>,
+    /// `Proxy-Authorization`, sent with each request to a forward proxy.
+    proxy_auth: Option<HeaderValue>,
 }
 
 enum Wire {
@@ -110,7 +120,7 @@ enum Wire {
     H2c(H2c),
 }
 
-type Http = Client<HttpsConnector<HttpConnector>, Full<Bytes>>;
+type Http = Client<HttpsConnector<Connector>, Full<Bytes>>;
 
 impl Transport {
     pub fn new(uri: Uri, h2c: bool, settings: &TransportSettings) -> Result<Self, BoxError> {
@@ -119,10 +129,21 @@ impl Transport {
             Some("http") => false,
             _ => return Err(format!("the model's URL {uri} is not http:// or https://").into()),
         };
+        let route = Route::from_env(&uri)?;
         let wire = match uri.authority() {
             Some(authority) if h2c && !https => {
                 let port = authority.port_u16().unwrap_or(80);
-                Wire::H2c(H2c::new(format!("{}:{port}", authority.host()), settings))
+                let tunnel = match &route {
+                    Route::Direct => None,
+                    Route::Proxy { proxy, auth } => {
+                        Some(proxy::tunnel(proxy, auth, tcp_connector(settings)))
+                    }
+                };
+                Wire::H2c(H2c::new(
+                    format!("{}:{port}", authority.host()),
+                    tunnel,
+                    settings,
+                ))
             }
             _ => {
                 // The platform's verifier (every CA root read) only for an https:// endpoint,
@@ -137,12 +158,12 @@ impl Transport {
                 };
                 let count = if https { CONNECTIONS } else { 1 };
                 let clients = (0..count)
-                    .map(|_| pooled_client(tls.clone(), settings, true))
+                    .map(|_| pooled_client(tls.clone(), &route, settings, true))
                     .collect();
                 Wire::Pooled {
                     clients,
                     next: AtomicUsize::new(0),
-                    fresh: pooled_client(tls, settings, false),
+                    fresh: pooled_client(tls, &route, settings, false),
                 }
             }
         };
@@ -150,11 +171,30 @@ impl Transport {
             wire,
             uri,
             max_answer_bytes: settings.max_answer_bytes,
+            proxy: route.describe(),
+            proxy_auth: route.forward_auth(https),
         })
     }
 
     pub fn uri(&self) -> &Uri {
         &self.uri
+    }
+
+    /// The proxy the requests go through (`http://host:port`), if the environment names
+    /// one for this endpoint.
+    pub fn proxy(&self) -> Option<&str> {
+        self.proxy.as_deref()
+    }
+
+    /// The request's head, and the proxy's credentials when it goes to a forward proxy.
+    fn request(&self, head: &impl Fn() -> Request<()>, call: &ModelCall) -> Request<Full<Bytes>> {
+        let mut request = head().map(|()| Full::new(call.body()));
+        if let Some(auth) = &self.proxy_auth {
+            request
+                .headers_mut()
+                .insert(PROXY_AUTHORIZATION, auth.clone());
+        }
+        request
     }
 
     /// POSTs the call's body with the head of `head()`, and reads the answer up to the
@@ -222,14 +262,14 @@ impl Transport {
         let http = &clients[next.fetch_add(1, Ordering::Relaxed) % clients.len()];
         // The body goes with the request, not held here while the model thinks: a resend
         // writes it again.
-        let request = head().map(|()| Full::new(call.body()));
+        let request = self.request(&head, call);
         match http.request(request).await {
             Ok(response) => Ok(response),
             Err(err) if dropped_unanswered(&err) => {
                 tracing::debug!(error = %err, "the model connection ended before any byte of an answer (the keep-alive race, or a dropped connection); sending the request again on a new connection");
                 call.sending();
                 fresh
-                    .request(head().map(|()| Full::new(call.body())))
+                    .request(self.request(&head, call))
                     .await
                     .map_err(pooled_error)
             }
@@ -241,14 +281,25 @@ impl Transport {
 /// A streamed answer's body, piece by piece, within the bound.
 pub type Chunks = Pin<Box<dyn Stream<Item = Result<Bytes, ModelError>> + Send>>;
 
-/// One pooled client: HTTP/1.1 over `http://`; over `https://` (`tls`) what ALPN picks and
-/// keep-alive PINGs on HTTP/2. `pool`: false for the client whose every request takes a new
-/// connection.
-fn pooled_client(tls: Option<rustls::ClientConfig>, s: &TransportSettings, pool: bool) -> Http {
+/// The TCP connections' settings: no Nagle delay, the connect timeout.
+fn tcp_connector(s: &TransportSettings) -> HttpConnector {
     let mut tcp = HttpConnector::new();
     tcp.set_nodelay(true);
     tcp.enforce_http(false);
     tcp.set_connect_timeout(Some(s.connect_timeout));
+    tcp
+}
+
+/// One pooled client: HTTP/1.1 over `http://`; over `https://` (`tls`) what ALPN picks and
+/// keep-alive PINGs on HTTP/2; through the `route`'s proxy if any. `pool`: false for the
+/// client whose every request takes a new connection.
+fn pooled_client(
+    tls: Option<rustls::ClientConfig>,
+    route: &Route,
+    s: &TransportSettings,
+    pool: bool,
+) -> Http {
+    let tcp = Connector::new(route, tls.is_some(), tcp_connector(s));
     let builder = hyper_rustls::HttpsConnectorBuilder::new();
     let connector = match tls {
         Some(tls) => builder

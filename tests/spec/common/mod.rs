@@ -9,6 +9,7 @@ pub mod proxy;
 pub mod receiver;
 pub mod smtp;
 pub mod stripe;
+pub mod tinyproxy;
 
 use std::io::{BufRead, BufReader};
 use std::net::SocketAddr;

@@ -1,0 +1,163 @@
+//! A streamed Responses answer (`stream: true` on the Responses wire): its Server-Sent
+//! Events read as they come, the text of `response.output_text.delta` published to the
+//! watchers as the chat stream's text is (`stream.rs`), and the answer put together as
+//! the non-streamed request gives it: from the last event's `response` when it lists its
+//! output, else from each `response.output_item.done`'s item (llama-server's stream
+//! ends a function call's arguments there, with no `response.function_call_arguments.done`,
+//! and numbers no event). The arguments' deltas are not published: as on the chat wire,
+//! the tool calls' events come from the loop.
+//!
+//! `response.failed` and an `error` event are the provider's failure
+//! ([`failed`](super::responses::failed)); a stream that ends before
+//! `response.completed` or `response.incomplete` fails as a broken connection does.
+
+use eventsource_stream::{EventStreamError, Eventsource};
+use futures_util::StreamExt;
+use serde_json::Value;
+
+use super::error::ModelError;
+use super::live::LiveAttempt;
+use super::responses::{Assembly, failed};
+use super::transport::Chunks;
+use super::wire::ChatResponse;
+
+pub async fn read(chunks: Chunks, live: LiveAttempt) -> Result<ChatResponse, ModelError> {
+    let mut events = chunks.eventsource();
+    let mut items = Assembly::default();
+    while let Some(event) = events.next().await {
+        let event = event.map_err(|err| match err {
+            EventStreamError::Transport(err) => err,
+            EventStreamError::Utf8(err) => {
+                ModelError::unusable(format!("its stream is not UTF-8 text ({err})"))
+            }
+            EventStreamError::Parser(err) => {
+                ModelError::unusable(format!("its stream is not Server-Sent Events ({err})"))
+            }
+        })?;
+        let data = event.data.trim();
+        if data.is_empty() || data == "[DONE]" {
+            continue;
+        }
+        let event: Value = serde_json::from_str(data).map_err(|err| {
+            let start: String = data.chars().take(80).collect();
+            ModelError::unusable(format!(
+                "a piece of its stream is not a Responses event ({err}); it starts: {start:?}"
+            ))
+        })?;
+        match event.get("type").and_then(Value::as_str) {
+            Some("response.output_text.delta") => {
+                if let Some(delta) = event.get("delta").and_then(Value::as_str) {
+                    live.text(delta);
+                }
+            }
+            Some("response.output_item.done") => {
+                if let Some(item) = event.get("item") {
+                    items.item(item.clone());
+                }
+            }
+            Some("response.completed" | "response.incomplete") => {
+                let response = event.get("response").cloned().unwrap_or(Value::Null);
+                let listed = response
+                    .get("output")
+                    .and_then(Value::as_array)
+                    .filter(|output| !output.is_empty());
+                let answer = match listed {
+                    Some(output) => {
+                        let mut whole = Assembly::default();
+                        for item in output {
+                            whole.item(item.clone());
+                        }
+                        whole.finish(&response)
+                    }
+                    None => items.finish(&response),
+                }?;
+                live.finished();
+                return Ok(answer);
+            }
+            Some("response.failed") => {
+                return Err(failed(event.pointer("/response/error")));
+            }
+            Some("error") => return Err(failed(Some(&event))),
+            _ => {}
+        }
+    }
+    Err(ModelError::transport(
+        "the answer's stream ended before its end (no response.completed)",
+    ))
+}
+
+#[cfg(test)]
+mod tests {
+    use bytes::Bytes;
+
+    use super::*;
+    use crate::model::live::LiveOps;
+
+    fn chunks(events: &[Value]) -> Chunks {
+        let text: String = events
+            .iter()
+            .map(|event| {
+                format!(
+                    "event: {}\ndata: {event}\n\n",
+                    event["type"].as_str().unwrap()
+                )
+            })
+            .collect();
+        let pieces: Vec<Result<Bytes, ModelError>> = text
+            .into_bytes()
+            .chunks(7)
+            .map(|piece| Ok(Bytes::copy_from_slice(piece)))
+            .collect();
+        Box::pin(futures_util::stream::iter(pieces))
+    }
+
+    fn attempt() -> LiveAttempt {
+        let ops = LiveOps::default();
+        let watched = ops.open("o", "k");
+        let live = ops.publisher("o", "k", 1).unwrap();
+        std::mem::forget(watched);
+        live.attempt()
+    }
+
+    #[tokio::test]
+    async fn text_deltas_are_published_and_the_items_done_make_the_answer() {
+        // As llama-server streams: no sequence numbers, the arguments ended by the item's
+        // done, a completed response that lists no output.
+        let answer = read(
+            chunks(&[
+                serde_json::json!({"type": "response.created", "response": {"status": "in_progress", "output": []}}),
+                serde_json::json!({"type": "response.output_text.delta", "delta": "Pa"}),
+                serde_json::json!({"type": "response.output_text.delta", "delta": "id."}),
+                serde_json::json!({"type": "response.output_item.done", "item": {"type": "message", "content": [{"type": "output_text", "text": "Paid."}]}}),
+                serde_json::json!({"type": "response.function_call_arguments.delta", "delta": "{}"}),
+                serde_json::json!({"type": "response.output_item.done", "item": {"type": "function_call", "call_id": "c1", "name": "charge", "arguments": "{}"}}),
+                serde_json::json!({"type": "response.completed", "response": {"status": "completed", "output": [], "usage": {"input_tokens": 5, "output_tokens": 2}}}),
+            ]),
+            attempt(),
+        )
+        .await
+        .unwrap();
+        let message = &answer.choices[0].message;
+        assert_eq!(message.content.as_deref(), Some("Paid."));
+        assert_eq!(message.tool_calls.as_ref().unwrap()[0].id, "c1");
+        assert_eq!(answer.usage.unwrap().prompt_tokens, 5);
+    }
+
+    #[tokio::test]
+    async fn a_failed_or_unfinished_stream_is_a_failure() {
+        let err = read(
+            chunks(&[serde_json::json!({"type": "response.failed", "response": {"status": "failed", "error": {"code": "server_error", "message": "boom"}}})]),
+            attempt(),
+        )
+        .await
+        .unwrap_err();
+        assert!(err.kind.is_retryable(), "{err}");
+        let err = read(
+            chunks(&[serde_json::json!({"type": "response.output_text.delta", "delta": "Pa"})]),
+            attempt(),
+        )
+        .await
+        .unwrap_err();
+        assert!(err.to_string().contains("ended before its end"), "{err}");
+    }
+}
