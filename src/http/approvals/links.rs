@@ -1,6 +1,6 @@
 //! An approval's links (`approveUrl`, `denyUrl` of `approval.requested`): `GET` shows a
 //! page and changes nothing (mail scanners and chat previews fetch links); `POST`, the
-//! page's button, decides through [`decide`], the one decision of every channel, as the
+//! page's button, decides through `decide`, the one decision of every channel, as the
 //! caller `link` (the decision is recorded as made through the link). The token is the
 //! capability: no API key is asked for, and only its hash is stored; the request's span
 //! names the route's template, never the token.
