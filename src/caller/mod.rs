@@ -57,16 +57,6 @@ impl Caller {
         self.scopes.has(scope)
     }
 
-    /// Above what amount of `currency` a charge of this caller's waits for a person: the
-    /// key's own, else the setting's; `None`: never.
-    pub fn approval_above(&self, settings: &PaymentSettings, currency: Currency) -> Option<Money> {
-        own_or_setting(
-            self.approval_above.as_ref(),
-            &settings.approval_above,
-            currency,
-        )
-    }
-
     /// Whether an operation of `amount` by this caller waits for a person: above the key's
     /// own threshold for its currency, else above `setting` (`CHECKOUT_APPROVAL_ABOVE`).
     pub fn needs_approval(&self, setting: &PerCurrency, amount: Money) -> bool {
@@ -215,7 +205,10 @@ mod tests {
             caller.budget_per_day(&settings, eur).unwrap().minor(),
             9_000
         );
-        assert!(caller.approval_above(&settings, usd).is_none());
+        assert!(!caller.needs_approval(
+            &settings.approval_above,
+            Money::from_minor(1 << 40, usd).unwrap()
+        ));
         settings.approval_above = PerCurrency::parse("USD:10.00").unwrap();
         let dollars = |minor| Money::from_minor(minor, usd).unwrap();
         assert!(!caller.needs_approval(&settings.approval_above, dollars(1_000)));

@@ -108,10 +108,8 @@ pub(crate) fn start(
     };
     // Above the caller's threshold the charge waits for a person: decided here, from the
     // order the client authorized, and kept with the request for every resume.
-    let amount = order.amount();
-    let needs_approval = caller
-        .approval_above(&app.settings().payments, amount.currency())
-        .is_some_and(|above| amount.minor() > above.minor());
+    let needs_approval =
+        caller.needs_approval(&app.settings().payments.approval_above, order.amount());
     // A stream's last event carries the JSON form's answer.
     let streamed = run_id.is_some();
     let request = CheckoutRequest {

@@ -71,10 +71,8 @@ pub async fn refund(
         Err(problem) => return problem.into_response(),
     };
     // Above the caller's threshold the refund waits for a person, as a charge does.
-    let amount = order.amount();
-    let needs_approval = caller
-        .approval_above(&app.settings().payments, amount.currency())
-        .is_some_and(|above| amount.minor() > above.minor());
+    let needs_approval =
+        caller.needs_approval(&app.settings().payments.approval_above, order.amount());
     let request = RefundRequest {
         order,
         asked: checked.amount,
