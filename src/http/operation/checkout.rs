@@ -2,6 +2,7 @@
 
 use serde::{Deserialize, Serialize};
 
+use super::Beside;
 use crate::http::checkout::input::{CheckoutQuery, order, recipient};
 use crate::http::extract::Format;
 use crate::outbox::Recipient;
@@ -55,12 +56,8 @@ pub(crate) struct Recorded {
     payment_method: Option<String>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     email: Option<String>,
-    /// `text/plain` when the client asked for the sentence alone.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    accept: Option<String>,
-    /// `required` when the charge waits for a person.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    approval: Option<String>,
+    #[serde(flatten)]
+    beside: Beside,
 }
 
 impl Serialize for CheckoutRequest {
@@ -81,8 +78,7 @@ impl From<&CheckoutRequest> for Recorded {
                 .payment_method()
                 .map(|m| m.as_str().to_owned()),
             email: request.email.as_ref().map(|e| e.as_str().to_owned()),
-            accept: (request.format == Format::Text).then(|| "text/plain".into()),
-            approval: request.needs_approval.then(|| "required".into()),
+            beside: Beside::new(request.format, request.needs_approval),
         }
     }
 }
@@ -105,11 +101,8 @@ impl TryFrom<Recorded> for CheckoutRequest {
         Ok(CheckoutRequest {
             order,
             email,
-            format: match recorded.accept.as_deref() {
-                Some("text/plain") => Format::Text,
-                _ => Format::Json,
-            },
-            needs_approval: recorded.approval.as_deref() == Some("required"),
+            format: recorded.beside.format(),
+            needs_approval: recorded.beside.needs_approval(),
         })
     }
 }

@@ -9,6 +9,7 @@
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
+use super::extract::Format;
 use super::state::AppState;
 use crate::idempotency::Fingerprint;
 use crate::payments::Effect;
@@ -81,6 +82,38 @@ impl Operation {
     }
 }
 
+/// What a request asked beside its order that does not make it another request, as its
+/// record keeps it: the answer's format, and the approval the handler required.
+#[derive(Serialize, Deserialize)]
+struct Beside {
+    /// `text/plain` when the client asked for the sentence alone.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    accept: Option<String>,
+    /// `required` when the operation waits for a person.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    approval: Option<String>,
+}
+
+impl Beside {
+    fn new(format: Format, needs_approval: bool) -> Beside {
+        Beside {
+            accept: (format == Format::Text).then(|| "text/plain".into()),
+            approval: needs_approval.then(|| "required".into()),
+        }
+    }
+
+    fn format(&self) -> Format {
+        match self.accept.as_deref() {
+            Some("text/plain") => Format::Text,
+            _ => Format::Json,
+        }
+    }
+
+    fn needs_approval(&self) -> bool {
+        self.approval.as_deref() == Some("required")
+    }
+}
+
 /// Counts an operation answered (`ok`, or its problem's code) in its effect's counter: a
 /// checkout's in `checkout_checkouts_total`, a refund's in
 /// `checkout_refund_operations_total`.
@@ -118,7 +151,7 @@ mod tests {
 
     #[test]
     fn a_refund_record_reads_back_as_the_same_refund() {
-        let old = r#"{"kind":"refund","orderId":"A-1","amount":"20.00","currency":"EUR","reason":"damaged","email":"ann@example.com"}"#;
+        let old = r#"{"kind":"refund","orderId":"A-1","amount":"20.00","currency":"EUR","reason":"damaged","email":"ann@example.com","accept":"text/plain","approval":"required"}"#;
         let operation = Operation::from_record(old).unwrap();
         assert_eq!(operation.effect(), Effect::Refund);
         let Operation::Refund(refund) = &operation else {
@@ -126,6 +159,8 @@ mod tests {
         };
         assert_eq!(refund.order.amount().minor(), 2000);
         assert_eq!(refund.order.amount().currency().code(), "EUR");
+        assert_eq!(refund.format, Format::Text);
+        assert!(refund.needs_approval);
         let fingerprint = operation.fingerprint();
         assert_eq!(
             fingerprint.as_str(),

@@ -2,6 +2,7 @@
 
 use serde::{Deserialize, Serialize};
 
+use super::Beside;
 use crate::http::extract::Format;
 use crate::outbox::Recipient;
 use crate::payments::{Currency, Money, Order, OrderId};
@@ -59,12 +60,8 @@ pub(crate) struct Recorded {
     email: Option<String>,
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     email_from_receipt: bool,
-    /// `text/plain` when the client asked for the sentence alone.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    accept: Option<String>,
-    /// `required` when the refund waits for a person.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    approval: Option<String>,
+    #[serde(flatten)]
+    beside: Beside,
 }
 
 impl Serialize for RefundRequest {
@@ -78,8 +75,7 @@ impl Serialize for RefundRequest {
             reason: self.reason.clone(),
             email: self.email.as_ref().map(|e| e.as_str().to_owned()),
             email_from_receipt: self.email_from_receipt,
-            accept: (self.format == Format::Text).then(|| "text/plain".into()),
-            approval: self.needs_approval.then(|| "required".into()),
+            beside: Beside::new(self.format, self.needs_approval),
         }
         .serialize(serializer)
     }
@@ -109,11 +105,8 @@ impl TryFrom<Recorded> for RefundRequest {
             reason: recorded.reason,
             email,
             email_from_receipt: recorded.email_from_receipt,
-            format: match recorded.accept.as_deref() {
-                Some("text/plain") => Format::Text,
-                _ => Format::Json,
-            },
-            needs_approval: recorded.approval.as_deref() == Some("required"),
+            format: recorded.beside.format(),
+            needs_approval: recorded.beside.needs_approval(),
         })
     }
 }
