@@ -119,14 +119,16 @@ impl App {
         // The events the endpoint wants, written by the stores of the facts they announce,
         // in the data the API shows.
         let wanted = settings.webhooks.wanted();
-        let receipts = Receipts::new(&db, &wake).announcing(
-            Announce::new(wanted, http::views::charge_event),
-            Announce::new(wanted, http::views::refund_event),
-        );
+        let receipts = Receipts::new(&db, &wake)
+            .announcing(
+                Announce::new(wanted, http::views::charge_event),
+                Announce::new(wanted, http::views::refund_event),
+            )
+            .announcing_budgets(Announce::new(wanted, http::views::budget_event));
         let gateway = match settings.stripe() {
             Some(stripe) => PaymentGateway::with_provider(
                 receipts,
-                Intents::new(&db),
+                Intents::new(&db).announcing(Announce::new(wanted, http::views::budget_event)),
                 Stripe::new(&stripe, &metrics).map_err(StartError::PaymentProvider)?,
             ),
             None => PaymentGateway::new(receipts),

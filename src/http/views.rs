@@ -7,6 +7,7 @@ use utoipa::ToSchema;
 use crate::assistant::Usage;
 use crate::payments::Receipt;
 use crate::payments::store::Refund;
+use crate::payments::store::budgets::Crossing;
 
 /// A receipt as the API shows it.
 #[derive(Clone, Debug, Serialize, ToSchema)]
@@ -144,4 +145,47 @@ pub(crate) fn refund_event(refund: &Refund) -> serde_json::Value {
     data["orderId"] = refund.order_id.to_string().into();
     data["operationKey"] = refund.operation_key.clone().into();
     data
+}
+
+/// `budget.threshold`'s `data`: a caller's day crossing a share of its budget, amounts as
+/// the API shows them (decimals in the budget's currency, as `budgetLeft`).
+#[derive(Clone, Debug, Serialize, ToSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct BudgetThresholdView {
+    #[schema(example = "shop-assistant")]
+    pub caller: String,
+    /// The UTC day.
+    #[schema(example = "2026-12-07")]
+    pub day: String,
+    /// Per cent of the budget crossed: 80 or 100.
+    #[schema(example = 80)]
+    pub threshold: u8,
+    /// The day's budget.
+    #[schema(example = "100.00")]
+    pub budget: String,
+    /// What the day's charges came to, the crossing one included.
+    #[schema(example = "85.00")]
+    pub spent: String,
+    #[schema(example = "USD")]
+    pub currency: String,
+}
+
+impl From<&Crossing> for BudgetThresholdView {
+    fn from(c: &Crossing) -> Self {
+        let day = chrono::DateTime::from_timestamp(c.day.saturating_mul(86_400), 0)
+            .map_or_else(|| c.day.to_string(), |d| d.date_naive().to_string());
+        BudgetThresholdView {
+            caller: c.caller.clone(),
+            day,
+            threshold: c.threshold,
+            budget: c.budget.decimal(),
+            spent: c.spent.decimal(),
+            currency: c.budget.currency().code().to_owned(),
+        }
+    }
+}
+
+/// `budget.threshold`'s `data`.
+pub(crate) fn budget_event(crossing: &Crossing) -> serde_json::Value {
+    serde_json::to_value(BudgetThresholdView::from(crossing)).expect("a view serializes")
 }

@@ -142,16 +142,21 @@ pub enum EventType {
     /// A refund went through: the ledger's at once, a provider's when it answered.
     #[serde(rename = "refund.succeeded")]
     RefundSucceeded,
+    /// A caller's day crossed 80 or 100 % of its budget (once per caller, currency, day
+    /// and threshold).
+    #[serde(rename = "budget.threshold")]
+    BudgetThreshold,
 }
 
 impl EventType {
-    pub const ALL: [EventType; 6] = [
+    pub const ALL: [EventType; 7] = [
         EventType::ApprovalRequested,
         EventType::ApprovalApproved,
         EventType::ApprovalDenied,
         EventType::ApprovalExpired,
         EventType::ChargeSucceeded,
         EventType::RefundSucceeded,
+        EventType::BudgetThreshold,
     ];
 
     pub fn as_str(self) -> &'static str {
@@ -162,6 +167,7 @@ impl EventType {
             EventType::ApprovalExpired => "approval.expired",
             EventType::ChargeSucceeded => "charge.succeeded",
             EventType::RefundSucceeded => "refund.succeeded",
+            EventType::BudgetThreshold => "budget.threshold",
         }
     }
 
@@ -394,7 +400,7 @@ mod tests {
             [EventType::ApprovalExpired, EventType::ChargeSucceeded]
         );
         assert!(Wanted::none().is_empty());
-        assert_eq!(Wanted::all().types().count(), 6);
+        assert_eq!(Wanted::all().types().count(), 7);
     }
 
     #[test]

@@ -37,6 +37,7 @@ mod scopes;
 mod store_contract;
 mod streaming;
 mod traces;
+mod webhook_budgets;
 mod webhook_delivery;
 mod webhooks;
 mod workers;

@@ -2,11 +2,18 @@
 //! of a caller with a budget reserves its amount here, in the transaction that records the
 //! charge (the receipt, or the provider's intent); without a budget nothing here is read
 //! or written. Every statement is one text for both databases; the day is the database's.
+//!
+//! A reservation that takes the day's spend across 80 or 100 % of the budget writes a
+//! `budget.threshold` event in the same transaction, once per caller, currency, day and
+//! threshold: the primary key of `budget_thresholds` settles which transaction writes it.
 
 use std::fmt;
 
+use chrono::Utc;
+
 use crate::db::{Conn, StoreError, on_conn};
 use crate::payments::money::{Money, decimal_minor};
+use crate::webhooks::{self, Announce, EventType};
 
 /// Adds the amount to the caller's day, if the sum stays within the limit. On Postgres the
 /// `DO UPDATE … WHERE` is evaluated on the row's latest version under its lock, so two
@@ -19,7 +26,41 @@ const RESERVE: &str = "\
     ON CONFLICT (caller, currency, day) DO UPDATE \
     SET spent_minor = budgets.spent_minor + excluded.spent_minor \
     WHERE budgets.spent_minor + excluded.spent_minor <= $4 \
-    RETURNING day";
+    RETURNING day, spent_minor";
+
+/// The threshold crossed, if no transaction recorded it before: `$5` its event's id.
+const CROSSED: &str = "\
+    INSERT INTO budget_thresholds (caller, currency, day, threshold, event_id) \
+    VALUES ($1, $2, $3, $4, $5) ON CONFLICT DO NOTHING";
+
+/// The shares of a budget, in per cent, whose crossing is announced.
+pub const THRESHOLDS: [u8; 2] = [80, 100];
+
+/// A caller's day crossing a share of its budget: what `budget.threshold` announces.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Crossing {
+    pub caller: String,
+    /// Days since 1970-01-01, UTC, by the database's clock.
+    pub day: i64,
+    /// Per cent of the budget: one of [`THRESHOLDS`].
+    pub threshold: u8,
+    /// The day's budget.
+    pub budget: Money,
+    /// What the day's charges came to with the one that crossed.
+    pub spent: Money,
+}
+
+impl Crossing {
+    /// The thresholds a day's spend crosses going from `before` to `after` minor units of
+    /// `limit`: reaching a threshold is crossing it.
+    pub fn thresholds(before: i64, after: i64, limit: i64) -> impl Iterator<Item = u8> {
+        let reached =
+            move |spent: i64, t: u8| i128::from(spent) * 100 >= i128::from(t) * i128::from(limit);
+        THRESHOLDS
+            .into_iter()
+            .filter(move |t| !reached(before, *t) && reached(after, *t))
+    }
+}
 
 const SPENT: &str = "\
     SELECT spent_minor FROM budgets \
@@ -70,42 +111,65 @@ impl fmt::Display for BudgetLeft {
 }
 
 /// Reserves `amount` of `caller`'s budget `limit` for today, on `conn` (the transaction
-/// that records the charge: rolled back, it reserves nothing).
+/// that records the charge: rolled back, it reserves nothing), with the `budget.threshold`
+/// events `events` wants of the thresholds it crosses.
 pub async fn reserve(
     conn: Conn<'_>,
     caller: &str,
     amount: Money,
     limit: Money,
+    events: &Announce<Crossing>,
 ) -> Result<Reservation, StoreError> {
     let currency = amount.currency().code();
-    Ok(match conn {
-        Conn::Postgres(c) => {
-            let day: Option<i64> = sqlx::query_scalar(RESERVE)
-                .bind(caller)
-                .bind(currency)
-                .bind(amount.minor())
-                .bind(limit.minor())
-                .fetch_optional(&mut *c)
-                .await?;
-            match day {
-                Some(day) => Reservation::Reserved { day },
-                None => refused(Conn::Postgres(c), caller, limit).await?,
-            }
+    let mut conn = conn;
+    let reserved: Option<(i64, i64)> = on_conn!(conn.reborrow(), c => sqlx::query_as(RESERVE)
+        .bind(caller)
+        .bind(currency)
+        .bind(amount.minor())
+        .bind(limit.minor())
+        .fetch_optional(c)
+        .await?);
+    let Some((day, spent)) = reserved else {
+        return refused(conn, caller, limit).await;
+    };
+    if events.wants(EventType::BudgetThreshold) {
+        for threshold in Crossing::thresholds(spent - amount.minor(), spent, limit.minor()) {
+            let crossing = Crossing {
+                caller: caller.to_owned(),
+                day,
+                threshold,
+                budget: limit,
+                spent: Money::from_minor(spent, limit.currency())
+                    .map_err(|e| StoreError::Corrupt(format!("budget of {caller}: {e}")))?,
+            };
+            announce(conn.reborrow(), events, &crossing).await?;
         }
-        Conn::Sqlite(c) => {
-            let day: Option<i64> = sqlx::query_scalar(RESERVE)
-                .bind(caller)
-                .bind(currency)
-                .bind(amount.minor())
-                .bind(limit.minor())
-                .fetch_optional(&mut *c)
-                .await?;
-            match day {
-                Some(day) => Reservation::Reserved { day },
-                None => refused(Conn::Sqlite(c), caller, limit).await?,
-            }
-        }
-    })
+    }
+    Ok(Reservation::Reserved { day })
+}
+
+/// Records `crossing` and writes its event, unless another transaction recorded it first.
+async fn announce(
+    mut conn: Conn<'_>,
+    events: &Announce<Crossing>,
+    crossing: &Crossing,
+) -> Result<(), StoreError> {
+    let Some(event) = events.event(EventType::BudgetThreshold, crossing, Utc::now()) else {
+        return Ok(());
+    };
+    let recorded = on_conn!(conn.reborrow(), c => sqlx::query(CROSSED)
+        .bind(&crossing.caller)
+        .bind(crossing.budget.currency().code())
+        .bind(crossing.day)
+        .bind(i64::from(crossing.threshold))
+        .bind(&event.id)
+        .execute(c)
+        .await?
+        .rows_affected());
+    if recorded == 1 {
+        webhooks::insert(conn, &event).await?;
+    }
+    Ok(())
 }
 
 async fn refused(conn: Conn<'_>, caller: &str, limit: Money) -> Result<Reservation, StoreError> {

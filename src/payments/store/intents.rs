@@ -5,8 +5,9 @@
 
 use super::super::keys::OrderId;
 use super::super::money::{Currency, Money};
-use super::budgets::{self, BudgetLeft, Reservation};
+use super::budgets::{self, BudgetLeft, Crossing, Reservation};
 use crate::db::{BeginWrite, Conn, Database, StoreError, on_conn};
+use crate::webhooks::Announce;
 
 /// What an attempt is waiting for, or how it ended.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -146,11 +147,23 @@ const SET_BUDGET_DAY: &str =
 #[derive(Clone, Debug)]
 pub struct Intents {
     db: Database,
+    /// `budget.threshold`, written with the attempt whose reservation crossed it.
+    budgets: Announce<Crossing>,
 }
 
 impl Intents {
     pub fn new(db: &Database) -> Intents {
-        Intents { db: db.clone() }
+        Intents {
+            db: db.clone(),
+            budgets: Announce::none(),
+        }
+    }
+
+    /// These intents, writing the `budget.threshold` events `budgets` wants with the
+    /// attempts that cross a threshold.
+    pub fn announcing(mut self, budgets: Announce<Crossing>) -> Self {
+        self.budgets = budgets;
+        self
     }
 
     /// The order's latest attempt.
@@ -182,7 +195,14 @@ impl Intents {
                 tx.rollback().await?;
                 return Ok(Ok(false));
             }
-            match budgets::reserve(Conn::from(&mut *tx), &intent.caller, amount, limit).await? {
+            match budgets::reserve(
+                Conn::from(&mut *tx),
+                &intent.caller,
+                amount,
+                limit,
+                &self.budgets,
+            )
+            .await? {
                 Reservation::Reserved { day } => {
                     sqlx::query(SET_BUDGET_DAY)
                         .bind(&intent.order_id)

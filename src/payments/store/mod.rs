@@ -54,6 +54,8 @@ pub struct Receipts {
     charges: Announce<Receipt>,
     /// `refund.succeeded`, written with the refund (see [`Refunds`]).
     refunds: Announce<Refund>,
+    /// `budget.threshold`, written with the charge whose reservation crossed it.
+    budgets: Announce<budgets::Crossing>,
 }
 
 impl Receipts {
@@ -64,6 +66,7 @@ impl Receipts {
             wake: wake.clone(),
             charges: Announce::none(),
             refunds: Announce::none(),
+            budgets: Announce::none(),
         }
     }
 
@@ -71,6 +74,13 @@ impl Receipts {
     pub fn announcing(mut self, charges: Announce<Receipt>, refunds: Announce<Refund>) -> Self {
         self.charges = charges;
         self.refunds = refunds;
+        self
+    }
+
+    /// These receipts, writing the `budget.threshold` events `budgets` wants with the
+    /// charges that cross a threshold.
+    pub fn announcing_budgets(mut self, budgets: Announce<budgets::Crossing>) -> Self {
+        self.budgets = budgets;
         self
     }
 
@@ -170,6 +180,7 @@ impl Receipts {
                 &receipt.caller,
                 receipt.amount,
                 limit,
+                &self.budgets,
             )
             .await?;
             match reserved {
