@@ -11,7 +11,7 @@ use crate::outbox::MailSettings;
 use crate::payments::PerCurrency;
 use crate::secret::Secret;
 use crate::telemetry::LogFormat;
-use crate::webhooks::{SigningKey, WebhookSettings};
+use crate::webhooks::{SigningKeys, WebhookSettings};
 
 type Setter = fn(&mut Settings, &str) -> Result<(), String>;
 
@@ -134,13 +134,14 @@ fn smtp_url(v: &str) -> Result<Option<Secret>, String> {
     Ok(Some(Secret::new(v)))
 }
 
-/// Empty means none; else `whsec_` + base64 of 24 to 64 bytes.
+/// Empty means none; else `whsec_` + base64 of 24 to 64 bytes, or several such separated
+/// by spaces or commas (a rotation), every one checked.
 fn webhook_secret(v: &str) -> Result<Option<Secret>, String> {
     if v.is_empty() {
         return Ok(None);
     }
     let secret = Secret::new(v);
-    SigningKey::parse(&secret)?;
+    SigningKeys::parse(&secret)?;
     Ok(Some(secret))
 }
 

@@ -14,7 +14,7 @@ use std::time::{Duration, Instant, SystemTime};
 use reqwest::header::{CONTENT_TYPE, HeaderMap, LOCATION, RETRY_AFTER};
 
 use super::WebhookSettings;
-use super::sign::SigningKey;
+use super::sign::SigningKeys;
 use super::store::{Claimed, Deliveries};
 use crate::metrics::Metrics;
 use crate::worker::Worker;
@@ -39,7 +39,7 @@ pub struct Deliverer {
     deliveries: Deliveries,
     http: reqwest::Client,
     url: String,
-    key: SigningKey,
+    key: SigningKeys,
     settings: WebhookSettings,
     metrics: Metrics,
 }
@@ -54,7 +54,7 @@ impl Deliverer {
         let (Some(url), Some(secret)) = (&settings.url, &settings.secret) else {
             return Ok(None);
         };
-        let key = SigningKey::parse(secret).map_err(|e| format!("CHECKOUT_WEBHOOK_SECRET {e}"))?;
+        let key = SigningKeys::parse(secret).map_err(|e| format!("CHECKOUT_WEBHOOK_SECRET {e}"))?;
         let http = reqwest::Client::builder()
             .redirect(reqwest::redirect::Policy::none())
             .timeout(settings.timeout)

@@ -14,7 +14,7 @@ mod sign;
 mod store;
 
 pub use deliver::Deliverer;
-pub use sign::SigningKey;
+pub use sign::{SigningKey, SigningKeys};
 pub use store::{Backlog, Deliveries};
 
 use std::time::Duration;
@@ -33,7 +33,8 @@ pub struct WebhookSettings {
     /// `CHECKOUT_PUBLIC_URL`: the service as a person's browser reaches it; with it,
     /// `approval.requested` carries an approve and a deny link under it.
     pub public_url: Option<String>,
-    /// `CHECKOUT_WEBHOOK_SECRET`: `whsec_` + base64 of the HMAC key's 24 to 64 bytes.
+    /// `CHECKOUT_WEBHOOK_SECRET`: `whsec_` + base64 of the HMAC key's 24 to 64 bytes; during
+    /// a rotation several, separated by spaces or commas, each signing every request.
     pub secret: Option<Secret>,
     /// `CHECKOUT_WEBHOOK_EVENTS`: the event types sent (all by default).
     pub events: Wanted,

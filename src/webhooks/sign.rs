@@ -1,5 +1,7 @@
 //! Standard Webhooks' signature: `v1,` + base64(HMAC-SHA256(key, "{id}.{timestamp}.{body}")),
-//! the key being the base64 after `whsec_` in the secret.
+//! the key being the base64 after `whsec_` in the secret. During a rotation a secret lists
+//! several `whsec_…` separated by spaces or commas, and a request carries one signature per
+//! key, space-separated in `webhook-signature`: a consumer holding any one of them verifies.
 
 use base64::Engine;
 use base64::engine::general_purpose::STANDARD;
@@ -44,6 +46,53 @@ impl SigningKey {
     pub fn sign(&self, id: &str, timestamp: i64, body: &str) -> String {
         let mac = hmac_sha256(&self.0, format!("{id}.{timestamp}.{body}").as_bytes());
         format!("v1,{}", STANDARD.encode(mac))
+    }
+}
+
+/// The keys of a secret that lists one or more `whsec_…`, separated by spaces or commas:
+/// each signs every request.
+#[derive(Clone, Debug)]
+pub struct SigningKeys(Vec<SigningKey>);
+
+impl SigningKeys {
+    /// Every key of `secret`, else why not (naming which one, when it lists several).
+    pub fn parse(secret: &Secret) -> Result<SigningKeys, String> {
+        let listed: Vec<&str> = secret
+            .expose()
+            .split(|c: char| c == ',' || c.is_whitespace())
+            .filter(|s| !s.is_empty())
+            .collect();
+        if listed.is_empty() {
+            return Err("must be whsec_ + base64 of 24 to 64 random bytes".into());
+        }
+        let keys = listed
+            .iter()
+            .enumerate()
+            .map(|(i, one)| {
+                SigningKey::parse(&Secret::new(*one)).map_err(|e| match listed.len() {
+                    1 => e,
+                    n => format!("secret {} of {n}: {e}", i + 1),
+                })
+            })
+            .collect::<Result<Vec<_>, String>>()?;
+        Ok(SigningKeys(keys))
+    }
+
+    /// The `webhook-signature` header's value: each key's signature, space-separated, in
+    /// the order the secret lists them.
+    pub fn sign(&self, id: &str, timestamp: i64, body: &str) -> String {
+        let signatures: Vec<String> = self.0.iter().map(|k| k.sign(id, timestamp, body)).collect();
+        signatures.join(" ")
+    }
+
+    /// How many keys sign.
+    pub fn len(&self) -> usize {
+        self.0.len()
+    }
+
+    /// Never: a secret lists at least one key.
+    pub fn is_empty(&self) -> bool {
+        self.0.is_empty()
     }
 }
 
@@ -106,6 +155,37 @@ mod tests {
             ),
             "v1,g0hM9SsE+OTPJTGt/tmIKtSyZlE3uFJELVlNIOLJ1OE="
         );
+    }
+
+    // Seen failing: with `SigningKeys::sign` signing with the first key only, the header
+    // carried one signature where two.
+    #[test]
+    fn several_secrets_sign_once_each_and_a_bad_one_is_named() {
+        let b64 = |n: usize| STANDARD.encode(vec![7u8; n]);
+        let (old, new) = (format!("whsec_{}", b64(24)), format!("whsec_{}", b64(32)));
+        for listed in [
+            format!("{old} {new}"),
+            format!("{old},{new}"),
+            format!(" {old} ,\t{new} "),
+        ] {
+            let keys = SigningKeys::parse(&Secret::new(listed.as_str())).unwrap();
+            assert_eq!(keys.len(), 2, "{listed:?}");
+            let one = |s: &str| {
+                SigningKey::parse(&Secret::new(s))
+                    .unwrap()
+                    .sign("msg_1", 7, "{}")
+            };
+            assert_eq!(
+                keys.sign("msg_1", 7, "{}"),
+                format!("{} {}", one(&old), one(&new))
+            );
+        }
+        let bad = format!("{old} whsec_{}", b64(16));
+        assert_eq!(
+            SigningKeys::parse(&Secret::new(bad.as_str())).unwrap_err(),
+            "secret 2 of 2: must be whsec_ + base64 of 24 to 64 bytes, not 16 bytes"
+        );
+        assert!(SigningKeys::parse(&Secret::new(" , ")).is_err());
     }
 
     #[test]

@@ -351,6 +351,14 @@ async fn a_bad_setting_is_one_line_naming_it_and_exit_status_2() {
             "whsec_AAECAwQFBgcICQoLDA0ODw==",
             "invalid setting CHECKOUT_WEBHOOK_SECRET (webhook_secret in the config file): must be whsec_ + base64 of 24 to 64 bytes, not 16 bytes",
         ),
+        (
+            // A rotation's second secret, 16 bytes: refused as the first would be, and
+            // named. Seen failing (the service started: "checkout did not exit") with the
+            // setting's reader checking the first secret of the list alone.
+            "CHECKOUT_WEBHOOK_SECRET",
+            "whsec_MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw whsec_AAECAwQFBgcICQoLDA0ODw==",
+            "invalid setting CHECKOUT_WEBHOOK_SECRET (webhook_secret in the config file): secret 2 of 2: must be whsec_ + base64 of 24 to 64 bytes, not 16 bytes",
+        ),
     ] {
         let mut process = Process::spawn(&[(name, value)]);
         let status = process.wait(Duration::from_secs(10));
