@@ -30,7 +30,7 @@ use crate::model::{ClientSettings, LiveOps, ModelChain, ModelClient, ModelEndpoi
 use crate::outbox::{Dispatcher, MailTransport, Outbox};
 use crate::payments::stripe::Stripe;
 use crate::payments::{Intents, PaymentGateway, Receipts};
-use crate::webhooks::{Announce, Deliverer, Deliveries};
+use crate::webhooks::{self, Announce, Deliverer, Subscribed};
 use crate::worker::{self, Worker, Workers, every};
 
 /// Why the service could not start.
@@ -118,17 +118,28 @@ impl App {
         let wake = Arc::new(Wake::default());
         // The events the endpoint wants, written by the stores of the facts they announce,
         // in the data the API shows.
-        let wanted = settings.webhooks.wanted();
+        // CHECKOUT_WEBHOOK_URL's, and those of the endpoints `checkout webhooks add` keeps
+        // (the deliverer reads them again every second).
+        let added = webhooks::endpoints::list(&db).await.unwrap_or_else(|err| {
+            tracing::warn!(error = %err, "webhooks: cannot read the endpoints yet; the deliverer reads them again within a second");
+            Vec::new()
+        });
+        let wanted = Subscribed::new(
+            settings
+                .webhooks
+                .wanted()
+                .and(webhooks::endpoints::wanted_by(&added)),
+        );
         let receipts = Receipts::new(&db, &wake)
             .announcing(
-                Announce::new(wanted, http::views::charge_event),
-                Announce::new(wanted, http::views::refund_event),
+                Announce::new(&wanted, http::views::charge_event),
+                Announce::new(&wanted, http::views::refund_event),
             )
-            .announcing_budgets(Announce::new(wanted, http::views::budget_event));
+            .announcing_budgets(Announce::new(&wanted, http::views::budget_event));
         let gateway = match settings.stripe() {
             Some(stripe) => PaymentGateway::with_provider(
                 receipts,
-                Intents::new(&db).announcing(Announce::new(wanted, http::views::budget_event)),
+                Intents::new(&db).announcing(Announce::new(&wanted, http::views::budget_event)),
                 Stripe::new(&stripe, &metrics).map_err(StartError::PaymentProvider)?,
             ),
             None => PaymentGateway::new(receipts),
@@ -146,7 +157,7 @@ impl App {
         let records = Records::new(&db, &wake);
         let transport = MailTransport::new(&settings.mail).map_err(StartError::Mail)?;
         let approvals = Approvals::new(&db, settings.payments.approval_ttl)
-            .announcing(Announce::new(wanted, http::paused::approval_event));
+            .announcing(Announce::new(&wanted, http::paused::approval_event));
         let tools = ToolBox::new(
             gateway.clone(),
             outbox.clone(),
@@ -177,8 +188,11 @@ impl App {
         announce::endpoints(&settings, &chain);
         announce::callers(&settings, keys_exist);
         announce::mail(&settings, &transport);
-        announce::webhooks(&settings);
-        let deliverer = Deliverer::new(Deliveries::new(&db), &settings.webhooks, &metrics)
+        announce::webhooks(
+            &settings,
+            added.iter().filter(|e| e.disabled_at.is_none()).count(),
+        );
+        let deliverer = Deliverer::new(&db, &settings.webhooks, &wanted, &metrics)
             .map_err(StartError::Setting)?;
         announce::recovery(&settings);
 
@@ -195,9 +209,7 @@ impl App {
             settings.mail.clone(),
             metrics.clone(),
         ));
-        if let Some(deliverer) = deliverer {
-            workers.spawn(deliverer);
-        }
+        workers.spawn(deliverer);
         workers.spawn(KeySweep {
             records: records.clone(),
             ttl: settings.idempotency.ttl,

@@ -1,6 +1,7 @@
 //! `checkout`: read the settings, start logging, build the app, serve until stopped.
 //! `checkout scripted-model`: run the scripted model alone, as a provider for others.
 //! `checkout api-keys create|list|revoke`: manage the callers' API keys in the database.
+//! `checkout webhooks add|list|remove`: manage more webhook endpoints in the database.
 
 use std::net::SocketAddr;
 use std::path::PathBuf;
@@ -20,6 +21,8 @@ usage: checkout [--config PATH] [--scripted-faults PLAN] [--scripted-delay-ms N]
        checkout api-keys create NAME [--scope checkout,refund,approve,read]
                 [--approval-above USD:50.00,...] [--budget-per-day USD:500.00,...]
        checkout api-keys list | revoke NAME   [--config PATH]
+       checkout webhooks add URL [--events charge.succeeded,...] [--secret whsec_...]
+       checkout webhooks list | remove ID   [--config PATH]
 
 Settings come from config/default.toml (or --config / CHECKOUT_CONFIG), then the
 environment (DATABASE_URL, OPENAI_API_KEY, OPENAI_BASE_URL, OPENAI_MODEL, CHECKOUT_*).
@@ -39,6 +42,7 @@ fn main() -> ExitCode {
     match args.first().map(String::as_str) {
         Some("scripted-model") => return runtime.block_on(scripted_model(&args[1..])),
         Some("api-keys") => return runtime.block_on(api_keys(&args[1..])),
+        Some("webhooks") => return runtime.block_on(webhooks(&args[1..])),
         _ => {}
     }
     runtime.block_on(service(&args))
@@ -261,6 +265,120 @@ async fn api_keys(args: &[String]) -> ExitCode {
         Err(err) => {
             eprintln!("checkout: {err}");
             ExitCode::from(2)
+        }
+    }
+}
+
+/// `webhooks add URL` stores an endpoint and prints its id (and the secret it made, once,
+/// when none was given); `list` shows every endpoint, its secret cut short; `remove ID`
+/// stops its deliveries. A bad URL, event type or secret stores nothing (exit 2).
+async fn webhooks(args: &[String]) -> ExitCode {
+    use checkout::webhooks::endpoints::{self, NewEndpoint};
+    let (command, target, flag_args) = match args.split_first() {
+        Some((c, rest)) if c == "list" => (c.as_str(), None, rest),
+        Some((c, rest)) if c == "add" || c == "remove" => match rest.split_first() {
+            Some((t, flags)) if !t.starts_with("--") => (c.as_str(), Some(t.as_str()), flags),
+            _ => {
+                return usage_error(&format!(
+                    "webhooks {c} needs {}",
+                    if c == "add" { "a URL" } else { "an ID" }
+                ));
+            }
+        },
+        Some((c, _)) => return usage_error(&format!("webhooks: unknown command {c:?}")),
+        None => return usage_error("webhooks needs add URL, list or remove ID"),
+    };
+    let known: &[&str] = if command == "add" {
+        &["--config", "--events", "--secret"]
+    } else {
+        &["--config"]
+    };
+    let mut sources = Sources::from_env();
+    let (mut events, mut secret) = (None, None);
+    match flags(flag_args, known) {
+        Ok(flags) => {
+            for (flag, value) in flags {
+                match flag {
+                    "--events" => events = Some(value),
+                    "--secret" => secret = Some(value),
+                    _ => sources.config_path = Some(PathBuf::from(value)),
+                }
+            }
+        }
+        Err(message) => return usage_error(&message),
+    }
+    // Checked before the database is opened: a bad value stores nothing.
+    let new = match (command, target) {
+        ("add", Some(url)) => match NewEndpoint::parse(url, events, secret) {
+            Ok(new) => Some(new),
+            Err(err) => return usage_error(&format!("webhooks add: {err}")),
+        },
+        _ => None,
+    };
+    let settings = match Settings::load(&sources) {
+        Ok(settings) => settings,
+        Err(err) => {
+            eprintln!("checkout: {err}");
+            return ExitCode::from(2);
+        }
+    };
+    let db = match Database::open(&settings.database.url, &settings.database.pool).await {
+        Ok(db) => db,
+        Err(err) => {
+            eprintln!("checkout: {err}");
+            return ExitCode::FAILURE;
+        }
+    };
+    let done = match (new, target) {
+        (Some(new), _) => endpoints::add(&db, &new).await.map(|id| {
+            eprintln!(
+                "checkout: webhook endpoint {id} added: {} gets {} from now on",
+                new.url,
+                endpoints::events_text(new.events)
+            );
+            println!("{id}");
+            if new.generated {
+                eprintln!("checkout: its signing secret, shown only this once, keep it secret:");
+                println!("{}", new.secret.expose());
+            }
+            true
+        }),
+        (None, Some(id)) => endpoints::remove(&db, id).await.inspect(|removed| {
+            if *removed {
+                eprintln!("checkout: webhook endpoint {id} removed: nothing more is sent to it");
+            } else {
+                eprintln!("checkout: no webhook endpoint {id}");
+            }
+        }),
+        (None, None) => endpoints::list(&db).await.map(|all| {
+            println!(
+                "{:<36} {:<10} {:<22} {:<40} URL",
+                "ID", "STATUS", "SECRET", "EVENTS"
+            );
+            for e in all {
+                let status = if e.disabled_at.is_some() {
+                    "disabled"
+                } else {
+                    "enabled"
+                };
+                let events = endpoints::events_text(e.events);
+                println!(
+                    "{:<36} {status:<10} {:<22} {events:<40} {}",
+                    e.id,
+                    e.shown_secret(),
+                    e.url
+                );
+            }
+            true
+        }),
+    };
+    db.close().await;
+    match done {
+        Ok(true) => ExitCode::SUCCESS,
+        Ok(false) => ExitCode::from(2),
+        Err(err) => {
+            eprintln!("checkout: {err}");
+            ExitCode::FAILURE
         }
     }
 }

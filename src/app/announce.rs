@@ -116,8 +116,9 @@ pub(super) fn recovery(settings: &Settings) {
     }
 }
 
-/// The start-up line that says where confirmation emails go.
-pub(super) fn webhooks(settings: &Settings) {
+/// The start-up lines that say where events go: CHECKOUT_WEBHOOK_URL, and the `added`
+/// endpoints of `checkout webhooks add` enabled now.
+pub(super) fn webhooks(settings: &Settings, added: usize) {
     let hooks = &settings.webhooks;
     match &hooks.url {
         Some(url) => {
@@ -129,7 +130,7 @@ pub(super) fn webhooks(settings: &Settings) {
                 .collect();
             tracing::info!(
                 url,
-                "webhooks: {} sent to {url} as Standard Webhooks (signed with CHECKOUT_WEBHOOK_SECRET), each written in the transaction of its fact; an attempt takes at most {} ms, retried after {} (Retry-After on 429/503), then recorded failed; 410 disables the endpoint; an event claimed by an instance that died is sent again after {} ms, with the same webhook-id",
+                "webhooks: {} sent to {url} as Standard Webhooks (signed with each secret of CHECKOUT_WEBHOOK_SECRET), each written in the transaction of its fact; an attempt takes at most {} ms, retried after {} (Retry-After on 429/503), then recorded failed; 410 disables the endpoint; an event claimed by an instance that died is sent again after {} ms, with the same webhook-id",
                 events.join(", "),
                 hooks.timeout.as_millis(),
                 schedule.join(", "),
@@ -137,9 +138,13 @@ pub(super) fn webhooks(settings: &Settings) {
             );
         }
         None => tracing::info!(
-            "webhooks: no CHECKOUT_WEBHOOK_URL is set, so no event is written or sent"
+            "webhooks: no CHECKOUT_WEBHOOK_URL is set; events are written only for the endpoints of `checkout webhooks add`"
         ),
     }
+    tracing::info!(
+        endpoints = added,
+        "webhooks: {added} enabled endpoint(s) added by `checkout webhooks add`, each sent the events of its types with its own secret, retries and 410; read again every second"
+    );
 }
 
 pub(super) fn mail(settings: &Settings, transport: &MailTransport) {

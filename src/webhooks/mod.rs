@@ -10,10 +10,13 @@
 //! resource (`data`); the event's type is one [`EventType`].
 
 mod deliver;
+pub mod endpoints;
+mod fanout;
 mod sign;
 mod store;
 
 pub use deliver::Deliverer;
+pub use endpoints::Subscribed;
 pub use sign::{SigningKey, SigningKeys};
 pub use store::{Backlog, Deliveries};
 
@@ -208,6 +211,19 @@ impl Wanted {
         self.0 == 0
     }
 
+    /// The types of `self` and of `other`.
+    pub fn and(self, other: Wanted) -> Wanted {
+        Wanted(self.0 | other.0)
+    }
+
+    fn bits(self) -> u8 {
+        self.0
+    }
+
+    fn from_bits(bits: u8) -> Wanted {
+        Wanted(bits)
+    }
+
     /// The types, in [`EventType::ALL`]'s order.
     pub fn types(self) -> impl Iterator<Item = EventType> {
         EventType::ALL.into_iter().filter(move |t| self.wants(*t))
@@ -221,7 +237,7 @@ fn bit(t: EventType) -> u8 {
 /// How a store announces its resource `T`: which of its events are wanted, and `T` as the
 /// API shows it (the event's `data`). Handed to the store by `app`, which knows the API.
 pub struct Announce<T> {
-    wanted: Wanted,
+    wanted: Subscribed,
     view: Option<fn(&T) -> serde_json::Value>,
 }
 
@@ -229,21 +245,22 @@ impl<T> Announce<T> {
     /// No event is written.
     pub fn none() -> Announce<T> {
         Announce {
-            wanted: Wanted::none(),
+            wanted: Subscribed::default(),
             view: None,
         }
     }
 
-    pub fn new(wanted: Wanted, view: fn(&T) -> serde_json::Value) -> Announce<T> {
+    /// The events `wanted` takes at the time each is made.
+    pub fn new(wanted: &Subscribed, view: fn(&T) -> serde_json::Value) -> Announce<T> {
         Announce {
-            wanted,
+            wanted: wanted.clone(),
             view: Some(view),
         }
     }
 
     /// Whether events of type `t` are written.
     pub fn wants(&self, t: EventType) -> bool {
-        self.view.is_some() && self.wanted.wants(t)
+        self.view.is_some() && self.wanted.now().wants(t)
     }
 
     /// The event `t` of `of` at `at`, if it is wanted.
@@ -259,7 +276,7 @@ impl<T> Announce<T> {
         at: DateTime<Utc>,
         more: Option<&serde_json::Map<String, serde_json::Value>>,
     ) -> Option<NewEvent> {
-        let view = self.view.filter(|_| self.wanted.wants(t))?;
+        let view = self.view.filter(|_| self.wanted.now().wants(t))?;
         let mut data = view(of);
         if let (Some(fields), Some(more)) = (data.as_object_mut(), more) {
             fields.extend(more.iter().map(|(k, v)| (k.clone(), v.clone())));
@@ -271,7 +288,7 @@ impl<T> Announce<T> {
 impl<T> Clone for Announce<T> {
     fn clone(&self) -> Self {
         Announce {
-            wanted: self.wanted,
+            wanted: self.wanted.clone(),
             view: self.view,
         }
     }
@@ -286,7 +303,7 @@ impl<T> Default for Announce<T> {
 impl<T> std::fmt::Debug for Announce<T> {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("Announce")
-            .field("wanted", &self.wanted)
+            .field("wanted", &self.wanted.now())
             .finish_non_exhaustive()
     }
 }

@@ -33,10 +33,12 @@ impl Deliveries {
         Deliveries { db: db.clone() }
     }
 
-    /// Claims up to `limit` due events, each for `lease_ms`, unless `url` is disabled.
+    /// Claims up to `limit` due events of the `types` (separated by commas), each for
+    /// `lease_ms`, unless `url` is disabled.
     pub async fn claim(
         &self,
         url: &str,
+        types: &str,
         lease_ms: i64,
         limit: i64,
     ) -> Result<Vec<Claimed>, StoreError> {
@@ -47,6 +49,7 @@ impl Deliveries {
                     .bind(lease_ms)
                     .bind(limit)
                     .bind(url)
+                    .bind(types)
                     .fetch_all(c)
                     .await?
             }
@@ -55,6 +58,7 @@ impl Deliveries {
                     .bind(lease_ms)
                     .bind(limit)
                     .bind(url)
+                    .bind(types)
                     .fetch_all(c)
                     .await?
             }
@@ -127,10 +131,11 @@ impl Deliveries {
         Ok(n > 0)
     }
 
-    /// The events waiting, across every instance.
-    pub async fn backlog(&self) -> Result<Backlog, StoreError> {
+    /// The events of the `types` (separated by commas) waiting, across every instance.
+    pub async fn backlog(&self, types: &str) -> Result<Backlog, StoreError> {
         let mut conn = self.db.acquire().await?;
         let (pending, oldest_age_ms): (i64, i64) = on_conn!(conn.conn(), c => sqlx::query_as(BACKLOG)
+            .bind(types)
             .fetch_one(c)
             .await?);
         Ok(Backlog {
@@ -140,7 +145,7 @@ impl Deliveries {
     }
 }
 
-/// The claim (`$1` lease, `$2` limit, `$3` the endpoint), with the row lock Postgres takes
+/// The claim (`$1` lease, `$2` limit, `$3` the endpoint, `$4` its types), with the row lock Postgres takes
 /// (`$lock`): concurrent deliverers skip each other's rows instead of waiting.
 macro_rules! claim {
     ($lock:literal) => {
@@ -151,6 +156,7 @@ macro_rules! claim {
             "WHERE status = 'pending' AND next_attempt_at <= (SELECT now_ms FROM clock) ",
             "AND (claimed_until IS NULL OR claimed_until <= (SELECT now_ms FROM clock)) ",
             "AND NOT EXISTS (SELECT 1 FROM webhook_endpoints WHERE url = $3) ",
+            "AND (',' || CAST($4 AS TEXT) || ',') LIKE ('%,' || type || ',%') ",
             "ORDER BY next_attempt_at, id LIMIT $2",
             $lock,
             ") RETURNING id, body, attempts, claim"
@@ -176,4 +182,4 @@ const DISABLE: &str = "\
 const DISABLED: &str = "SELECT COUNT(*) FROM webhook_endpoints WHERE url = $1";
 const BACKLOG: &str = "\
     SELECT COUNT(*), COALESCE(MAX(now_ms - created_at), 0) FROM webhook_events, clock \
-    WHERE status = 'pending'";
+    WHERE status = 'pending' AND (',' || CAST($1 AS TEXT) || ',') LIKE ('%,' || type || ',%')";

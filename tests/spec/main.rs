@@ -39,5 +39,6 @@ mod streaming;
 mod traces;
 mod webhook_budgets;
 mod webhook_delivery;
+mod webhook_endpoints;
 mod webhooks;
 mod workers;
