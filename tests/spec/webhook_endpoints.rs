@@ -39,7 +39,8 @@ async fn stored(db: &TestDb) -> i64 {
 
 // Seen failing: with the fan-out ignoring an endpoint's events (every enabled endpoint
 // taking every event), the charge endpoint received the refund too: 2 requests where 1
-// (both stores).
+// (both stores); with the `delivered` count taken out of `Deliverer::verdict`, /metrics
+// lacked `checkout_webhook_deliveries_total{outcome="delivered"} 2` (both stores).
 both_backends!(
     two_endpoints_added_by_the_command_each_receive_their_own_events_until_removed,
     |backend| async move {
@@ -156,6 +157,12 @@ both_backends!(
             )
             .await,
             2
+        );
+        // The metrics count the added endpoints' deliveries too.
+        let metrics = s.get("/metrics", &[]).await.text();
+        assert!(
+            metrics.contains("checkout_webhook_deliveries_total{outcome=\"delivered\"} 2"),
+            "{metrics}"
         );
 
         // Removed: nothing more is sent to it. The command cannot open a SQLite file the
