@@ -18,8 +18,8 @@ use std::time::{Duration, Instant};
 /// The times below are counted from here.
 static EPOCH: LazyLock<Instant> = LazyLock::new(Instant::now);
 
-/// Nanoseconds from [`EPOCH`] to the last 25006 seen, plus one; 0 when none was.
-static SEEN: AtomicU64 = AtomicU64::new(0);
+/// The process's mark.
+static MARK: Mark = Mark::new();
 
 /// Starts the clock; called before a pool opens its first connection, so that no
 /// connection is older than [`EPOCH`].
@@ -29,16 +29,33 @@ pub(super) fn start_clock() {
 
 /// A statement was refused because the server is read-only.
 pub(super) fn seen() {
-    let now = nanos(EPOCH.elapsed()).saturating_add(1);
-    SEEN.fetch_max(now, Ordering::SeqCst);
+    MARK.seen_at(EPOCH.elapsed());
 }
 
 /// Whether a connection of this age was opened before the last 25006 was seen (then the
 /// pool closes it instead of lending it or taking it back).
 pub(super) fn opened_before_seen(age: Duration) -> bool {
-    let seen = SEEN.load(Ordering::SeqCst);
-    let opened = nanos(EPOCH.elapsed().saturating_sub(age));
-    seen != 0 && opened < seen
+    MARK.opened_before(age, EPOCH.elapsed())
+}
+
+/// When the last 25006 was seen, as nanoseconds from [`EPOCH`] plus one; 0 when none was.
+struct Mark(AtomicU64);
+
+impl Mark {
+    const fn new() -> Mark {
+        Mark(AtomicU64::new(0))
+    }
+
+    fn seen_at(&self, now: Duration) {
+        self.0
+            .fetch_max(nanos(now).saturating_add(1), Ordering::SeqCst);
+    }
+
+    /// Whether a connection `age` old at `now` was opened before the mark.
+    fn opened_before(&self, age: Duration, now: Duration) -> bool {
+        let seen = self.0.load(Ordering::SeqCst);
+        seen != 0 && nanos(now.saturating_sub(age)) < seen
+    }
 }
 
 fn nanos(d: Duration) -> u64 {
@@ -49,20 +66,25 @@ fn nanos(d: Duration) -> u64 {
 mod tests {
     use super::*;
 
-    // Seen failing with `seen()` emptied: the connection opened before the 25006 was
-    // still lent.
+    fn ms(n: u64) -> Duration {
+        Duration::from_millis(n)
+    }
+
+    // Seen failing with `seen_at` emptied: the connection opened before the refusal was
+    // still lent ("assertion failed: mark.opened_before(ms(20), ms(110))").
     #[test]
     fn connections_opened_before_a_read_only_refusal_are_let_go_and_later_ones_kept() {
-        start_clock();
-        std::thread::sleep(Duration::from_millis(20));
-        // Opened 10 ms ago, then the refusal.
-        let opened = Instant::now() - Duration::from_millis(10);
-        seen();
-        std::thread::sleep(Duration::from_millis(5));
-        assert!(opened_before_seen(opened.elapsed()));
-        // Opened after it.
-        let later = Instant::now();
-        std::thread::sleep(Duration::from_millis(5));
-        assert!(!opened_before_seen(later.elapsed()));
+        let mark = Mark::new();
+        // No refusal yet: every connection is kept.
+        assert!(!mark.opened_before(ms(50), ms(100)));
+        mark.seen_at(ms(100));
+        // At 110 ms: opened at 90 ms (before the refusal), at 100 ms (with it), at 105 ms.
+        assert!(mark.opened_before(ms(20), ms(110)));
+        assert!(mark.opened_before(ms(10), ms(110)));
+        assert!(!mark.opened_before(ms(5), ms(110)));
+        // An earlier refusal reported late does not move the mark back.
+        mark.seen_at(ms(60));
+        assert!(!mark.opened_before(ms(5), ms(110)));
+        assert!(mark.opened_before(ms(20), ms(110)));
     }
 }

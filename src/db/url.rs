@@ -132,8 +132,8 @@ mod tests {
         );
     }
 
-    // Seen failing with `with_host_timeout` returning its options unchanged: no timeout
-    // for the list.
+    // Seen failing with `with_host_timeout` returning its options unchanged: "left: None,
+    // right: Some(1s)" for the first list.
     #[test]
     fn a_host_list_gets_a_share_of_the_acquire_timeout_per_host_unless_the_url_says() {
         let two_seconds = Duration::from_secs(2);

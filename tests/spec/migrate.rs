@@ -36,9 +36,9 @@ fn migrations(dialect: &str) -> usize {
 /// On a fresh database `checkout migrate` applies every migration and exits 0; run again
 /// it applies none and exits 0; the service's tables are there and each migration is
 /// recorded once. The same on a SQLite file.
-// Seen failing with `migrate` left out of main's commands: the service started instead
-// (the test timed out on `output()`), and with `Migrated::applied` counted after the run:
-// "0 migration(s) applied now" on the fresh database.
+// Seen failing with `Database::migrate` running the migrations before it counted them:
+// "left: \"checkout: 0 migration(s) applied now; the database has all 20\n\", right:
+// \"checkout: 20 migration(s) applied now; …\"" on the fresh database.
 #[tokio::test]
 async fn migrate_creates_the_schema_on_a_fresh_database_and_then_finds_nothing_to_apply() {
     for (backend, dialect) in [(Backend::Postgres, "postgres"), (Backend::Sqlite, "sqlite")] {
@@ -76,8 +76,8 @@ async fn migrate_creates_the_schema_on_a_fresh_database_and_then_finds_nothing_t
 
 /// A host list whose first host refuses connections (nothing listens on its port): the
 /// walk reaches the second, and the migrations are applied there.
-// Seen failing with the vendored walk reduced to the first host: "cannot connect to the
-// database: … Connection refused", exit 1.
+// Seen failing with the vendored walk reduced to the first host: exit 1, "cannot connect
+// to the database: pool timed out while waiting for an open connection".
 #[tokio::test]
 async fn migrate_walks_a_host_list_past_a_host_that_is_down() {
     let db = TestDb::new(Backend::Postgres).await;
@@ -133,10 +133,10 @@ async fn a_first_host_that_never_answers_is_passed_over_after_the_default_host_t
     drop(silent);
 }
 
-/// A `DATABASE_URL` the driver refuses stops `checkout migrate` with exit 2, naming it,
-/// before anything is opened.
-// Seen failing with `migrate` opening the database before the settings are checked: exit
-// 1, "cannot connect to the database: error with configuration".
+/// A `DATABASE_URL` the driver refuses stops `checkout migrate` with exit 2, naming it
+/// and what is wrong.
+// Seen failing with `migrate` exiting 1 on a bad setting: "left: Some(1), right:
+// Some(2)".
 #[test]
 fn migrate_refuses_a_bad_host_list_with_exit_2_naming_database_url() {
     let output = migrate("postgres://postgres@127.0.0.1:5432,/checkout");
