@@ -227,7 +227,7 @@ async fn crash_mid_checkouts(
         Lag::None => None,
         Lag::Behind => {
             let pid = cluster.sql(&cluster.standby, "SELECT pid FROM pg_stat_wal_receiver");
-            signal("STOP", &pid);
+            signal(libc::SIGSTOP, &pid);
             until("two thirds of the orders are charged", async || {
                 answered.lock().unwrap().len() >= 2 * ORDERS / 3
             })
@@ -239,7 +239,7 @@ async fn crash_mid_checkouts(
         next.load(Ordering::SeqCst).min(ORDERS) - answered.lock().unwrap().len();
     cluster.crash(&cluster.primary);
     if let Some(pid) = receiver {
-        signal("KILL", &pid);
+        signal(libc::SIGKILL, &pid);
         let waiting = cluster.clone();
         tokio::task::spawn_blocking(move || waiting.until_up(&waiting.standby))
             .await
@@ -328,13 +328,17 @@ async fn a_primary_crashed_mid_checkouts_and_its_synchronous_standby_promoted_lo
     }
 }
 
-/// `kill -<name> <pid>`.
-fn signal(name: &str, pid: &str) {
-    let status = Command::new("kill")
-        .args([&format!("-{name}"), pid])
-        .status()
-        .expect("run kill");
-    assert!(status.success(), "kill -{name} {pid}");
+/// Sends `signal` to the process `pid` (a number, as Postgres reports it).
+fn signal(signal: libc::c_int, pid: &str) {
+    let pid: libc::pid_t = pid.parse().expect("a process id");
+    // SAFETY: kill has no memory preconditions; the pid is the standby's WAL receiver.
+    let sent = unsafe { libc::kill(pid, signal) };
+    assert_eq!(
+        sent,
+        0,
+        "signal {signal} to {pid}: {}",
+        std::io::Error::last_os_error()
+    );
 }
 
 /// Sends `orders` at once, each until it is answered 200 ([`until_charged`]).
