@@ -1,6 +1,7 @@
 //! `checkout`: read the settings, start logging, build the app, serve until stopped.
 //! `checkout scripted-model`: run the scripted model alone, as a provider for others.
 //! `checkout api-keys create|list|revoke`: manage the callers' API keys in the database.
+//! `checkout migrate`: apply the database's migrations and exit.
 //! `checkout webhooks add|list|remove`: manage more webhook endpoints in the database.
 
 use std::net::SocketAddr;
@@ -10,7 +11,7 @@ use std::time::Duration;
 
 use checkout::caller::{self, KeyError, KeySpec, Scopes};
 use checkout::config::{Settings, Sources};
-use checkout::db::Database;
+use checkout::db::{Database, Migrated};
 use checkout::model::scripted::{FaultRule, Script, ScriptedModel, describe};
 use checkout::telemetry::LogFormat;
 use checkout::{App, ServeError, StartError};
@@ -21,6 +22,7 @@ usage: checkout [--config PATH] [--scripted-faults PLAN] [--scripted-delay-ms N]
        checkout api-keys create NAME [--scope checkout,refund,approve,read]
                 [--approval-above USD:50.00,...] [--budget-per-day USD:500.00,...]
        checkout api-keys list | revoke NAME   [--config PATH]
+       checkout migrate [--config PATH]
        checkout webhooks add URL [--events charge.succeeded,...] [--secret whsec_...]
        checkout webhooks list | remove ID   [--config PATH]
 
@@ -40,6 +42,7 @@ fn main() -> ExitCode {
     }
     let runtime = tokio::runtime::Runtime::new().expect("a tokio runtime");
     match args.first().map(String::as_str) {
+        Some("migrate") => return runtime.block_on(migrate(&args[1..])),
         Some("scripted-model") => return runtime.block_on(scripted_model(&args[1..])),
         Some("api-keys") => return runtime.block_on(api_keys(&args[1..])),
         Some("webhooks") => return runtime.block_on(webhooks(&args[1..])),
@@ -376,6 +379,46 @@ async fn webhooks(args: &[String]) -> ExitCode {
     match done {
         Ok(true) => ExitCode::SUCCESS,
         Ok(false) => ExitCode::from(2),
+        Err(err) => {
+            eprintln!("checkout: {err}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+/// `migrate` applies the migrations the database lacks (the service does it too when it
+/// starts) and says how many, then exits: 0 when the schema is whole, 1 when the
+/// database could not be reached or a migration failed, 2 for a bad setting.
+async fn migrate(args: &[String]) -> ExitCode {
+    let mut sources = Sources::from_env();
+    match flags(args, &["--config"]) {
+        Ok(flags) => {
+            for (_, value) in flags {
+                sources.config_path = Some(PathBuf::from(value));
+            }
+        }
+        Err(message) => return usage_error(&message),
+    }
+    let settings = match Settings::load(&sources) {
+        Ok(settings) => settings,
+        Err(err) => {
+            eprintln!("checkout: {err}");
+            return ExitCode::from(2);
+        }
+    };
+    let migrated = match Database::connect(&settings.database.url, &settings.database.pool).await {
+        Ok(db) => {
+            let migrated = db.migrate().await;
+            db.close().await;
+            migrated
+        }
+        Err(err) => Err(err),
+    };
+    match migrated {
+        Ok(Migrated { applied, total }) => {
+            eprintln!("checkout: {applied} migration(s) applied now; the database has all {total}");
+            ExitCode::SUCCESS
+        }
         Err(err) => {
             eprintln!("checkout: {err}");
             ExitCode::FAILURE

@@ -90,6 +90,11 @@ impl sqlx::error::DatabaseError for SqliteFailure {
 
 impl From<sqlx::Error> for StoreError {
     fn from(err: sqlx::Error) -> Self {
+        if let sqlx::Error::Database(db) = &err
+            && db.code().as_deref() == Some(READ_ONLY)
+        {
+            super::read_only::seen();
+        }
         if is_transient(&err) {
             StoreError::Unavailable(Arc::new(err))
         } else {
@@ -97,6 +102,9 @@ impl From<sqlx::Error> for StoreError {
         }
     }
 }
+
+/// SQLSTATE read_only_sql_transaction.
+const READ_ONLY: &str = "25006";
 
 fn is_transient(err: &sqlx::Error) -> bool {
     use sqlx::Error::*;
@@ -108,8 +116,7 @@ fn is_transient(err: &sqlx::Error) -> bool {
             // and read_only_sql_transaction (25006): the server became a standby or
             // read-only under a connection kept for writing, a lost database like the
             // others; a new connection walks DATABASE_URL's hosts to the writable server.
-            // (The pool's release ping does not see read-only: a connection still idle in
-            // the pool fails its next statement the same way.)
+            // Every connection opened before it is let go (`db::read_only`).
             // SQLite: BUSY and LOCKED and their extended codes.
             code.starts_with("08")
                 || code.starts_with("57P")
@@ -118,7 +125,7 @@ fn is_transient(err: &sqlx::Error) -> bool {
                     "53300"
                         | "40001"
                         | "40P01"
-                        | "25006"
+                        | READ_ONLY
                         | "5"
                         | "6"
                         | "261"

@@ -10,6 +10,7 @@ mod batch;
 mod conn;
 mod error;
 mod group;
+mod read_only;
 mod url;
 
 use std::fs::{File, OpenOptions, TryLockError};
@@ -133,13 +134,69 @@ fn statement_level() -> log::LevelFilter {
 static PG_MIGRATIONS: sqlx::migrate::Migrator = sqlx::migrate!("migrations/postgres");
 static SQLITE_MIGRATIONS: sqlx::migrate::Migrator = sqlx::migrate!("migrations/sqlite");
 
+/// What [`Database::migrate`] did.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Migrated {
+    /// Migrations applied now.
+    pub applied: usize,
+    /// Migrations the database has, all applied: the ones applied now and before.
+    pub total: usize,
+}
+
 impl Database {
     /// Opens the database `url` names and applies the migrations it lacks.
     pub async fn open(url: &str, pool: &PoolSettings) -> Result<Database, OpenError> {
+        let db = Database::connect(url, pool).await?;
+        db.run_migrations().await?;
+        Ok(db)
+    }
+
+    async fn run_migrations(&self) -> Result<(), OpenError> {
+        match &self.pool {
+            Pool::Postgres(pg) => PG_MIGRATIONS.run(pg).await,
+            Pool::Sqlite(sqlite) => SQLITE_MIGRATIONS.run(sqlite).await,
+        }
+        .map_err(OpenError::Migrate)
+    }
+
+    /// Applies the migrations the database lacks (`checkout migrate`; [`Database::open`]
+    /// does it too).
+    pub async fn migrate(&self) -> Result<Migrated, OpenError> {
+        let before = match &self.pool {
+            Pool::Postgres(pool) => {
+                let mut conn = pool.acquire().await.map_err(OpenError::Connect)?;
+                applied(&mut *conn, &PG_MIGRATIONS.table_name).await?
+            }
+            Pool::Sqlite(pool) => {
+                let mut conn = pool.acquire().await.map_err(OpenError::Connect)?;
+                applied(&mut *conn, &SQLITE_MIGRATIONS.table_name).await?
+            }
+        };
+        self.run_migrations().await?;
+        let total = match &self.pool {
+            Pool::Postgres(_) => PG_MIGRATIONS
+                .iter()
+                .filter(|m| m.migration_type.is_up_migration())
+                .count(),
+            Pool::Sqlite(_) => SQLITE_MIGRATIONS
+                .iter()
+                .filter(|m| m.migration_type.is_up_migration())
+                .count(),
+        };
+        Ok(Migrated {
+            applied: total.saturating_sub(before),
+            total,
+        })
+    }
+
+    /// Connects to the database `url` names without migrating it: `checkout migrate`
+    /// calls [`Database::migrate`] then.
+    pub async fn connect(url: &str, pool: &PoolSettings) -> Result<Database, OpenError> {
         if url.starts_with("postgres://") || url.starts_with("postgresql://") {
             let options = PgConnectOptions::from_str(url)
                 .map_err(OpenError::Connect)?
                 .log_statements(statement_level());
+            let options = url::with_host_timeout(options, url, pool.acquire_timeout);
             if options.get_hosts().len() > 1 || options.get_target_session_attrs().as_str() != "any"
             {
                 tracing::info!(
@@ -147,6 +204,7 @@ impl Database {
                     url::describe(&options)
                 );
             }
+            read_only::start_clock();
             let pg = PgPoolOptions::new()
                 .max_connections(pool.max_connections)
                 .acquire_timeout(pool.acquire_timeout)
@@ -154,10 +212,17 @@ impl Database {
                 // charge. A connection that died idle fails its statement instead, which
                 // is a transient error the loop retry repeats on a fresh connection.
                 .test_before_acquire(false)
+                // Connections opened before a server refused a statement as read-only
+                // are closed, not lent or taken back (`read_only`).
+                .before_acquire(|_, meta| {
+                    Box::pin(async move { Ok(!read_only::opened_before_seen(meta.age)) })
+                })
+                .after_release(|_, meta| {
+                    Box::pin(async move { Ok(!read_only::opened_before_seen(meta.age)) })
+                })
                 .connect_with(options)
                 .await
                 .map_err(OpenError::Connect)?;
-            PG_MIGRATIONS.run(&pg).await.map_err(OpenError::Migrate)?;
             Ok(Database {
                 pool: Pool::Postgres(pg),
                 _lock: None,
@@ -198,10 +263,6 @@ impl Database {
                 .connect_with(options)
                 .await
                 .map_err(OpenError::Connect)?;
-            SQLITE_MIGRATIONS
-                .run(&sqlite)
-                .await
-                .map_err(OpenError::Migrate)?;
             Ok(Database {
                 pool: Pool::Sqlite(sqlite),
                 _lock: Some(lock),
@@ -284,6 +345,20 @@ impl Database {
             Pool::Sqlite(pool) => pool.close().await,
         }
     }
+}
+
+/// How many migrations the database has applied: the table of them made if missing, as
+/// the migrator makes it, under the migrator's lock (two processes starting at once
+/// would race to create it).
+async fn applied(conn: &mut impl sqlx::migrate::Migrate, table: &str) -> Result<usize, OpenError> {
+    conn.lock().await.map_err(OpenError::Migrate)?;
+    let made = conn.ensure_migrations_table(table).await;
+    let listed = match made {
+        Ok(()) => conn.list_applied_migrations(table).await,
+        Err(err) => Err(err),
+    };
+    conn.unlock().await.map_err(OpenError::Migrate)?;
+    Ok(listed.map_err(OpenError::Migrate)?.len())
 }
 
 /// Takes an advisory lock on `<db>.lock` beside the database, held until the process ends.

@@ -6,6 +6,7 @@
 //! connection walks the hosts in order and keeps the first that matches.
 
 use std::str::FromStr;
+use std::time::Duration;
 
 use sqlx::postgres::PgConnectOptions;
 
@@ -20,17 +21,54 @@ pub fn check_url(url: &str) -> Result<(), String> {
     }
 }
 
+/// The most time one host of a list gets by default ([`with_host_timeout`]).
+const MAX_HOST_TIMEOUT: Duration = Duration::from_secs(5);
+
+/// The options with a connect timeout per host when the URL lists several hosts and
+/// neither it (`connect_timeout`) nor `PGCONNECT_TIMEOUT` gives one: an equal share of the
+/// pool's acquire timeout, at most 5 s. libpq waits for a host as long as TCP does, and a
+/// host that went away without refusing (a machine down, a dropped route) then holds every
+/// new connection until the acquire timeout, which ends the walk before it reaches the next
+/// host. A share makes the walk reach the last host within the time a request waits for a
+/// connection. One host has no walk: its URL connects as it always did, within the
+/// acquire timeout.
+pub(super) fn with_host_timeout(
+    options: PgConnectOptions,
+    url: &str,
+    acquire: Duration,
+) -> PgConnectOptions {
+    let hosts = options.get_hosts().len();
+    if hosts < 2 || says_connect_timeout(url) || std::env::var_os("PGCONNECT_TIMEOUT").is_some() {
+        return options;
+    }
+    let share = acquire / u32::try_from(hosts).unwrap_or(u32::MAX);
+    options.connect_timeout(share.min(MAX_HOST_TIMEOUT))
+}
+
+/// Whether the URL's parameters name `connect_timeout` (`0` included: wait as TCP does).
+fn says_connect_timeout(url: &str) -> bool {
+    url.split_once('?').is_some_and(|(_, query)| {
+        query
+            .split('&')
+            .any(|pair| pair.split('=').next() == Some("connect_timeout"))
+    })
+}
+
 /// The hosts a new connection walks and the server it keeps, for the start-up line:
-/// `127.0.0.1:5433, 127.0.0.1:5434 (the first read-write one)`.
+/// `127.0.0.1:5433, 127.0.0.1:5434 (the first read-write one), each within 1000 ms`.
 pub(super) fn describe(options: &PgConnectOptions) -> String {
     let hosts: Vec<String> = options
         .get_hosts()
         .iter()
         .map(|(host, port)| format!("{host}:{port}"))
         .collect();
-    match options.get_target_session_attrs().as_str() {
+    let walk = match options.get_target_session_attrs().as_str() {
         "any" => hosts.join(", "),
         attrs => format!("{} (the first {attrs} one)", hosts.join(", ")),
+    };
+    match options.get_connect_timeout() {
+        Some(limit) => format!("{walk}, each within {} ms", limit.as_millis()),
+        None => walk,
     }
 }
 
@@ -91,6 +129,49 @@ mod tests {
             options("postgres://h1:1,h2:2/d?target_session_attrs=primary&connect_timeout=3")
                 .get_connect_timeout(),
             Some(std::time::Duration::from_secs(3))
+        );
+    }
+
+    // Seen failing with `with_host_timeout` returning its options unchanged: "left: None,
+    // right: Some(1s)" for the first list.
+    #[test]
+    fn a_host_list_gets_a_share_of_the_acquire_timeout_per_host_unless_the_url_says() {
+        let two_seconds = Duration::from_secs(2);
+        let timeout = |url: &str, acquire| {
+            with_host_timeout(options(url), url, acquire).get_connect_timeout()
+        };
+        assert_eq!(
+            timeout("postgres://h1,h2/d", two_seconds),
+            Some(Duration::from_secs(1))
+        );
+        assert_eq!(
+            timeout("postgres://h1,h2,h3,h4/d", two_seconds),
+            Some(Duration::from_millis(500))
+        );
+        assert_eq!(
+            timeout("postgres://h1,h2/d", Duration::from_secs(60)),
+            Some(Duration::from_secs(5))
+        );
+        assert_eq!(
+            timeout("postgres://h1,h2/d?connect_timeout=3", two_seconds),
+            Some(Duration::from_secs(3))
+        );
+        assert_eq!(
+            timeout(
+                "postgres://h1,h2/d?sslmode=disable&connect_timeout=0",
+                two_seconds
+            ),
+            None
+        );
+        assert_eq!(timeout("postgres://h1/d", two_seconds), None);
+        let o = with_host_timeout(
+            options("postgres://h1:1,h2:2/d?target_session_attrs=read-write"),
+            "postgres://h1:1,h2:2/d?target_session_attrs=read-write",
+            two_seconds,
+        );
+        assert_eq!(
+            describe(&o),
+            "h1:1, h2:2 (the first read-write one), each within 1000 ms"
         );
     }
 

@@ -183,6 +183,11 @@ impl Cluster {
         self.run("pg_ctl", &all);
     }
 
+    /// The server's log as it is now (`pg_ctl -l`).
+    pub fn log(&self, server: &Server) -> String {
+        std::fs::read_to_string(format!("{}.log", server.data.display())).unwrap_or_default()
+    }
+
     /// Crashes the server: every process of it killed at once, nothing flushed.
     pub fn crash(&self, server: &Server) {
         self.pg_ctl(server, &["stop", "-m", "immediate"]);
@@ -232,6 +237,31 @@ impl Cluster {
             String::from_utf8_lossy(&output.stderr)
         );
         String::from_utf8_lossy(&output.stdout).trim().to_owned()
+    }
+
+    /// Returns once the server accepts connections (after a crash and restart of its own).
+    pub fn until_up(&self, server: &Server) {
+        self.until("the server accepts connections", || {
+            self.output(
+                "psql",
+                &[
+                    "-X",
+                    "-q",
+                    "-h",
+                    "127.0.0.1",
+                    "-p",
+                    &server.port.to_string(),
+                    "-U",
+                    "postgres",
+                    "-d",
+                    "postgres",
+                    "-c",
+                    "SELECT 1",
+                ],
+            )
+            .status
+            .success()
+        });
     }
 
     fn until(&self, what: &str, mut done: impl FnMut() -> bool) {

@@ -39,8 +39,8 @@ impl PgConnection {
                 Some(limit) => match sqlx_core::rt::timeout(limit, attempt).await {
                     Ok(outcome) => outcome,
                     Err(_) => Err(Passed::Retryable(format!(
-                        "no answer within connect_timeout ({} s)",
-                        limit.as_secs()
+                        "no answer within connect_timeout ({} ms)",
+                        limit.as_millis()
                     ))),
                 },
                 None => attempt.await,
