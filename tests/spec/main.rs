@@ -38,5 +38,6 @@ mod store_contract;
 mod streaming;
 mod traces;
 mod webhook_delivery;
+mod webhook_kill;
 mod webhooks;
 mod workers;
