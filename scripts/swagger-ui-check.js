@@ -80,7 +80,9 @@ const apiKey = process.env.CHECKOUT_API_KEY;
     || !refunded.includes('"refundedAmount": "5.00"')) failed = true;
   if (process.env.HOOKS_FILE) {
     console.log('--- approval links');
+    const began = Date.now();
     const mismatches = await checkLinks(browser, base, process.env.HOOKS_FILE);
+    console.log(`approval links: ${mismatches.length} mismatches, ${Date.now() - began} ms`);
     if (mismatches.length) failed = true;
   }
   await browser.close();
