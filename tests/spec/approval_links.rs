@@ -5,7 +5,7 @@
 use checkout::payments::PerCurrency;
 use serde_json::Value;
 
-use crate::common::{Backend, Harness, TestDb, client, post};
+use crate::common::{Backend, Harness, TestDb, client, post, until};
 
 /// The public address the links are made under; the test sends them to its harness.
 const PUBLIC: &str = "https://pay.example.com";
@@ -202,5 +202,87 @@ both_backends!(
             refused.text()
         );
         assert_eq!(h.db.receipts("L-2").await, 1);
+    }
+);
+
+// Seen failing, both stores: with an approved operation still running read as
+// `Outcome::Nothing`, the page while it ran said only "This approval is approved." and
+// had no refresh.
+both_backends!(
+    while_the_approved_charge_runs_the_link_page_says_so_and_reloads_itself,
+    |backend| async move {
+        let h = Harness::with(backend, "", |s| {
+            s.webhooks.url = Some("http://127.0.0.1:9/hooks".into());
+            s.webhooks.public_url = Some(PUBLIC.into());
+            s.payments.approval_above = PerCurrency::parse("USD:100.00").unwrap();
+        })
+        .await;
+        let paused = h
+            .post(
+                "/checkout?orderId=L-3&amount=300.00",
+                &[("idempotency-key", "l-3")],
+                None,
+            )
+            .await;
+        assert_eq!(paused.status, 202, "{}", paused.text());
+        let events = requested(&h.db).await;
+        let approve = events[0]["data"]["approveUrl"]
+            .as_str()
+            .unwrap()
+            .replacen(PUBLIC, &h.base, 1);
+        let token = approve.rsplit('/').next().unwrap().to_owned();
+        // The resumed loop's next model request takes 2 s.
+        h.model
+            .set_faults(checkout::model::scripted::FaultRule::parse_plan("slow=2000x1").unwrap());
+        let http = client();
+        let approving = {
+            let (http, approve) = (http.clone(), approve.clone());
+            tokio::spawn(async move { post(&http, &approve, &[], None).await })
+        };
+        until("the resumed loop asks the model", async || {
+            h.model.requests() == 2
+        })
+        .await;
+        let running = http
+            .get(&approve)
+            .send()
+            .await
+            .unwrap()
+            .text()
+            .await
+            .unwrap();
+        assert!(
+            running.contains("<dd id=\"status\">approved</dd>"),
+            "{running}"
+        );
+        assert!(running.contains("its charge is still running"), "{running}");
+        assert!(
+            running.contains(&format!(
+                "<meta http-equiv=\"refresh\" content=\"2; url={token}\">"
+            )),
+            "{running}"
+        );
+        assert!(!running.contains("receipt-id"), "{running}");
+
+        let approved = approving.await.unwrap();
+        assert_eq!(approved.status, 200, "{}", approved.text());
+        let done = http
+            .get(&approve)
+            .send()
+            .await
+            .unwrap()
+            .text()
+            .await
+            .unwrap();
+        assert!(!done.contains("http-equiv=\"refresh\""), "{done}");
+        let receipt = approved.json()["receipt"]["id"]
+            .as_str()
+            .unwrap()
+            .to_owned();
+        assert!(
+            done.contains(&format!("<dd id=\"receipt-id\">{receipt}</dd>")),
+            "{done}"
+        );
+        assert_eq!(h.db.receipts("L-3").await, 1);
     }
 );

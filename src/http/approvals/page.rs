@@ -81,7 +81,7 @@ pub(super) fn link_page(
             )
         }
         (Status::Approved, Outcome::Running) => format!(
-            "<p>This approval is approved; the {kind} is being made.</p>\n{}",
+            "<p>This approval is approved; its {kind} is still running.</p>\n{}",
             reload(token),
             kind = a.kind
         ),
@@ -129,7 +129,10 @@ pub(super) async fn decision_page(
         ),
         (LinkDecision::Approve, false, "in_flight") => (
             "Approved",
-            format!("<p>Approved; it is being made.</p>\n{}", reload(token)),
+            format!(
+                "<p>Approved; its operation is still running.</p>\n{}",
+                reload(token)
+            ),
             Some(token),
         ),
         (_, false, _) => (
