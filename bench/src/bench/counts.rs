@@ -68,7 +68,7 @@ impl Consumer {
                     self.received.load(Ordering::SeqCst)
                 ));
             }
-            rt.block_on(tokio::time::sleep(Duration::from_millis(10)));
+            rt.block_on(async { tokio::time::sleep(Duration::from_millis(10)).await });
         }
         Ok(())
     }
