@@ -7,7 +7,10 @@
 //   cargo run &   NODE_PATH=/tmp/pw/node_modules node scripts/swagger-ui-check.js
 //   key=$(cargo run -q -- api-keys create swagger --scope checkout,refund); cargo run &
 //   CHECKOUT_API_KEY=$key NODE_PATH=/tmp/pw/node_modules node scripts/swagger-ui-check.js
+// With HOOKS_FILE set, the same browser then checks an approval's links
+// (scripts/approval-link-check.js).
 const { chromium } = require('playwright-core');
+const { checkLinks } = require('./approval-link-check.js');
 const base = process.env.CHECKOUT_URL || 'http://127.0.0.1:8080';
 const apiKey = process.env.CHECKOUT_API_KEY;
 (async () => {
@@ -73,8 +76,15 @@ const apiKey = process.env.CHECKOUT_API_KEY;
   console.log(`refund: status ${refundStatus}`);
   console.log(refunded);
   await page.screenshot({ path: process.env.SCREENSHOT || '/tmp/swagger-ui.png' });
-  await browser.close();
   if (!refundStatus.startsWith('200') || !refunded.includes('"refunded": true')
     || !refunded.includes('"refundedAmount": "5.00"')) failed = true;
+  if (process.env.HOOKS_FILE) {
+    console.log('--- approval links');
+    const began = Date.now();
+    const mismatches = await checkLinks(browser, base, process.env.HOOKS_FILE);
+    console.log(`approval links: ${mismatches.length} mismatches, ${Date.now() - began} ms`);
+    if (mismatches.length) failed = true;
+  }
+  await browser.close();
   if (failed) process.exit(1);
 })().catch((e) => { console.error(e); process.exit(1); });

@@ -94,6 +94,9 @@ struct Plan {
     streams_runs: usize,
     /// Extra environment for every service process (`--service-env NAME=VALUE`).
     service_env: Vec<(String, String)>,
+    /// Figure 7 with a webhook endpoint configured (`--webhooks`): every event type on,
+    /// sent to a consumer here that answers 204.
+    webhooks: bool,
 }
 
 impl Plan {
@@ -135,6 +138,7 @@ impl Plan {
                 paused_runs: 1,
                 streams_runs: 1,
                 service_env: vec![],
+                webhooks: false,
             }
         } else {
             Plan {
@@ -173,6 +177,7 @@ impl Plan {
                 paused_runs: 3,
                 streams_runs: 3,
                 service_env: vec![],
+                webhooks: false,
             }
         }
     }
@@ -223,7 +228,7 @@ usage: checkout-bench [--quick] [--only cpu,loops,retry,saving,startup,sweep,cou
                       [--http1] [--out DIR] [--work DIR]
                       [--service-bin PATH] [--no-build] [--postgres postgres://postgres@127.0.0.1:5432]
                       [--pg-db NAME]
-                      [--service-env NAME=VALUE]...
+                      [--service-env NAME=VALUE]... [--webhooks]
        checkout-bench load --url URL (--duration-ms N | --requests N) [--concurrency N] ...
        checkout-bench floor-axum | floor-reqwest --model URL | floor-sql --database URL
        checkout-bench floor-loop --model URL [--h2c] [--port P]
@@ -233,7 +238,9 @@ first when run through cargo), the scripted model and the load generator as sepa
 measures: 1 CPU per checkout against its floor, 2 loops in flight (10,000 concurrent
 checkouts, a 2 s model; --http1 for HTTP/1.1) and the bytes per waiting loop against
 its floor (floor-loop), 3 retry amplification (20 % of model requests 503), 4 start-up,
-7 instructions and heap allocations per checkout (under valgrind: callgrind, dhat),
+7 instructions and heap allocations per checkout (under valgrind: callgrind, dhat;
+--webhooks: with a webhook endpoint configured, every event type on, a consumer here
+answering 204, each window's events delivered before it is counted),
 8 overload (twice --overload-limit checkouts offered at once: 1,000 with --quick, else
 5,000; the admitted ones served, the rest refused with 503 overloaded at once).
 K keyed checkouts in flight (a fresh Idempotency-Key each, 1 to 256 in flight, an
@@ -285,6 +292,7 @@ pub fn main(args: &mut Args) -> Result<(), String> {
         plan.overload_limit = n.max(1);
     }
     plan.loops_http2 = !args.flag("--http1");
+    plan.webhooks = args.flag("--webhooks");
     for pair in args.values("--service-env")? {
         let (name, value) = pair
             .split_once('=')

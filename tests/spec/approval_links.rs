@@ -5,7 +5,7 @@
 use checkout::payments::PerCurrency;
 use serde_json::Value;
 
-use crate::common::{Backend, Harness, TestDb, client, post};
+use crate::common::{Backend, Harness, TestDb, client, post, until};
 
 /// The public address the links are made under; the test sends them to its harness.
 const PUBLIC: &str = "https://pay.example.com";
@@ -116,5 +116,173 @@ both_backends!(
         assert_eq!(denied.problem(409)["code"], "approval_decided");
         assert_eq!(h.db.receipts("L-1").await, 1);
         assert_eq!(status_of(&h, &id).await, "approved");
+    }
+);
+
+// Seen failing, both stores: with `decide_by_link` answering JSON whatever the Accept, the
+// browser's POST got `application/json`; with the link page not reading the operation's
+// record, the page after the approval had no receipt.
+both_backends!(
+    a_browser_pressing_approve_gets_a_page_with_the_receipt,
+    |backend| async move {
+        let h = Harness::with(backend, "", |s| {
+            s.webhooks.url = Some("http://127.0.0.1:9/hooks".into());
+            s.webhooks.public_url = Some(PUBLIC.into());
+            s.payments.approval_above = PerCurrency::parse("USD:100.00").unwrap();
+        })
+        .await;
+        let paused = h
+            .post(
+                "/checkout?orderId=L-2&amount=250.00",
+                &[("idempotency-key", "l-2")],
+                None,
+            )
+            .await;
+        assert_eq!(paused.status, 202, "{}", paused.text());
+        let events = requested(&h.db).await;
+        assert_eq!(events.len(), 1);
+        let data = &events[0]["data"];
+        let local = |url: &Value| url.as_str().unwrap().replacen(PUBLIC, &h.base, 1);
+        let (approve, deny) = (local(&data["approveUrl"]), local(&data["denyUrl"]));
+        let http = client();
+        // What Chromium sends with a form's submit.
+        let browser = [
+            (
+                "accept",
+                "text/html,application/xhtml+xml,application/xml;q=0.9,*/*;q=0.8",
+            ),
+            ("content-type", "application/x-www-form-urlencoded"),
+        ];
+
+        let pressed = post(&http, &approve, &browser, None).await;
+        assert_eq!(pressed.status, 200, "{}", pressed.text());
+        assert!(
+            pressed.headers["content-type"]
+                .to_str()
+                .unwrap()
+                .starts_with("text/html")
+        );
+        let html = pressed.text();
+        let receipt = h.get("/receipts/L-2").await.json()["id"]
+            .as_str()
+            .unwrap()
+            .to_owned();
+        assert!(html.contains("<h1>Approved</h1>"), "{html}");
+        assert!(
+            html.contains(&format!("<dd id=\"receipt-id\">{receipt}</dd>")),
+            "{html}"
+        );
+        assert!(html.contains("<dd>250.00 USD</dd>"), "{html}");
+        assert!(!html.contains("<script"), "{html}");
+        assert_eq!(h.db.receipts("L-2").await, 1);
+
+        // The link's page now: approved, the same receipt, no button.
+        let page = http
+            .get(&approve)
+            .header("accept", browser[0].1)
+            .send()
+            .await
+            .unwrap()
+            .text()
+            .await
+            .unwrap();
+        assert!(page.contains("<dd id=\"status\">approved</dd>"), "{page}");
+        assert!(
+            page.contains(&format!("<dd id=\"receipt-id\">{receipt}</dd>")),
+            "{page}"
+        );
+        assert!(!page.contains("<form"), "{page}");
+
+        // The deny link's button, pressed: refused as a page, still one receipt.
+        let refused = post(&http, &deny, &browser, None).await;
+        assert_eq!(refused.status, 409);
+        assert!(
+            refused.text().contains("approved by &quot;link&quot;"),
+            "{}",
+            refused.text()
+        );
+        assert_eq!(h.db.receipts("L-2").await, 1);
+    }
+);
+
+// Seen failing, both stores: with an approved operation still running read as
+// `Outcome::Nothing`, the page while it ran said only "This approval is approved." and
+// had no refresh.
+both_backends!(
+    while_the_approved_charge_runs_the_link_page_says_so_and_reloads_itself,
+    |backend| async move {
+        let h = Harness::with(backend, "", |s| {
+            s.webhooks.url = Some("http://127.0.0.1:9/hooks".into());
+            s.webhooks.public_url = Some(PUBLIC.into());
+            s.payments.approval_above = PerCurrency::parse("USD:100.00").unwrap();
+        })
+        .await;
+        let paused = h
+            .post(
+                "/checkout?orderId=L-3&amount=300.00",
+                &[("idempotency-key", "l-3")],
+                None,
+            )
+            .await;
+        assert_eq!(paused.status, 202, "{}", paused.text());
+        let events = requested(&h.db).await;
+        let approve = events[0]["data"]["approveUrl"]
+            .as_str()
+            .unwrap()
+            .replacen(PUBLIC, &h.base, 1);
+        let token = approve.rsplit('/').next().unwrap().to_owned();
+        // The resumed loop's next model request takes 2 s.
+        h.model
+            .set_faults(checkout::model::scripted::FaultRule::parse_plan("slow=2000x1").unwrap());
+        let http = client();
+        let approving = {
+            let (http, approve) = (http.clone(), approve.clone());
+            tokio::spawn(async move { post(&http, &approve, &[], None).await })
+        };
+        until("the resumed loop asks the model", async || {
+            h.model.requests() == 2
+        })
+        .await;
+        let running = http
+            .get(&approve)
+            .send()
+            .await
+            .unwrap()
+            .text()
+            .await
+            .unwrap();
+        assert!(
+            running.contains("<dd id=\"status\">approved</dd>"),
+            "{running}"
+        );
+        assert!(running.contains("its charge is still running"), "{running}");
+        assert!(
+            running.contains(&format!(
+                "<meta http-equiv=\"refresh\" content=\"2; url={token}\">"
+            )),
+            "{running}"
+        );
+        assert!(!running.contains("receipt-id"), "{running}");
+
+        let approved = approving.await.unwrap();
+        assert_eq!(approved.status, 200, "{}", approved.text());
+        let done = http
+            .get(&approve)
+            .send()
+            .await
+            .unwrap()
+            .text()
+            .await
+            .unwrap();
+        assert!(!done.contains("http-equiv=\"refresh\""), "{done}");
+        let receipt = approved.json()["receipt"]["id"]
+            .as_str()
+            .unwrap()
+            .to_owned();
+        assert!(
+            done.contains(&format!("<dd id=\"receipt-id\">{receipt}</dd>")),
+            "{done}"
+        );
+        assert_eq!(h.db.receipts("L-3").await, 1);
     }
 );

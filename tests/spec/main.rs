@@ -42,5 +42,6 @@ mod traces;
 mod webhook_budgets;
 mod webhook_delivery;
 mod webhook_endpoints;
+mod webhook_kill;
 mod webhooks;
 mod workers;

@@ -13,8 +13,66 @@
 //! a few checkouts, another many, and the difference of the totals over the difference
 //! in checkouts is the cost of one. Keyless and keyed (an Idempotency-Key: the record,
 //! its lease and the saved answer), on each database.
+//!
+//! `--webhooks`: the same with a webhook endpoint configured (every event type on, a
+//! consumer here answering 204): each checkout's `charge.succeeded` is written with its
+//! receipt and delivered by the service's deliverer. The warm-up's events are delivered
+//! before the counters are zeroed, and the window's before they are dumped (dhat: before
+//! the service stops), so a window counts its own checkouts' deliveries, no others.
+
+use std::sync::atomic::AtomicU64;
 
 use super::*;
+
+/// `whsec_` + base64 of 32 bytes: the bench's endpoint's secret.
+const SECRET: &str = "whsec_AQIDBAUGBwgJCgsMDQ4PEBESExQVFhcYGRobHB0eHyA=";
+
+/// A webhook endpoint answering 204 to every request, counting them.
+struct Consumer {
+    url: String,
+    received: Arc<AtomicU64>,
+    task: tokio::task::JoinHandle<()>,
+}
+
+impl Consumer {
+    fn start(rt: &tokio::runtime::Runtime) -> Result<Consumer, String> {
+        rt.block_on(async {
+            let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+                .await
+                .map_err(|e| format!("the webhook consumer: {e}"))?;
+            let addr = listener.local_addr().map_err(|e| e.to_string())?;
+            let received = Arc::new(AtomicU64::new(0));
+            let count = received.clone();
+            let app = axum::Router::new().fallback(move || {
+                count.fetch_add(1, Ordering::SeqCst);
+                async { axum::http::StatusCode::NO_CONTENT }
+            });
+            let task = tokio::spawn(async move {
+                let _ = axum::serve(listener, app).await;
+            });
+            Ok(Consumer {
+                url: format!("http://{addr}/hooks"),
+                received,
+                task,
+            })
+        })
+    }
+
+    /// Waits until `n` events have come (a minute at most).
+    fn until(&self, rt: &tokio::runtime::Runtime, n: u32) -> Result<(), String> {
+        let deadline = Instant::now() + Duration::from_secs(60);
+        while self.received.load(Ordering::SeqCst) < u64::from(n) {
+            if Instant::now() > deadline {
+                return Err(format!(
+                    "{} of {n} webhook events delivered after a minute",
+                    self.received.load(Ordering::SeqCst)
+                ));
+            }
+            rt.block_on(async { tokio::time::sleep(Duration::from_millis(10)).await });
+        }
+        Ok(())
+    }
+}
 
 #[derive(Clone, Copy)]
 enum Tool {
@@ -52,6 +110,21 @@ impl Bench {
         let mut command =
             child::service_command_under(&self.env, &wrapper, &db.service_url, &model.url);
         command.envs(self.plan.service_env.iter().map(|(k, v)| (k, v)));
+        let consumer = match self.plan.webhooks {
+            true => Some(Consumer::start(&self.rt)?),
+            false => None,
+        };
+        if let Some(consumer) = &consumer {
+            command
+                .env("CHECKOUT_WEBHOOK_URL", &consumer.url)
+                .env("CHECKOUT_WEBHOOK_SECRET", SECRET)
+                .env("CHECKOUT_WEBHOOK_EVENTS", "all");
+        }
+        // Each checkout's events delivered, when an endpoint is configured.
+        let delivered = |n: u32| match &consumer {
+            Some(consumer) => consumer.until(&self.rt, n),
+            None => Ok(()),
+        };
         let name = format!("service-{tag}");
         let service = child::start(&self.env, &name, command, "listening on http://")?;
         let _ = rustls::crypto::ring::default_provider().install_default();
@@ -88,11 +161,16 @@ impl Bench {
         };
         let sent = match tool {
             Tool::Callgrind => send(0..warm)
+                .and_then(|()| delivered(warm))
                 .and_then(|()| control("-z"))
                 .and_then(|()| send(warm..checkouts))
+                .and_then(|()| delivered(checkouts))
                 .and_then(|()| control("-d")),
-            Tool::Dhat => send(0..checkouts),
+            Tool::Dhat => send(0..checkouts).and_then(|()| delivered(checkouts)),
         };
+        if let Some(consumer) = consumer {
+            consumer.task.abort();
+        }
         let log = service.log.clone();
         service.stop_within(Duration::from_secs(120));
         model.stop();
@@ -135,6 +213,10 @@ impl Bench {
                 (Tool::Dhat, "heap allocations", "blocks"),
             ] {
                 let tag = |n: u32| format!("n{}{}{}{n}", tool.name(), db.name, kind);
+                let kind = match self.plan.webhooks {
+                    true => format!("{kind}, webhooks configured"),
+                    false => kind.to_owned(),
+                };
                 let (per, counted) = match tool {
                     Tool::Callgrind => {
                         let window = self.counted(db, tool, keyed, (few, many), &tag(many))?;

@@ -28,6 +28,7 @@ use crate::worker::{Worker, every};
 pub(crate) mod decide;
 mod errors;
 pub mod links;
+mod page;
 
 pub use errors::ApprovalErrors;
 
