@@ -344,9 +344,16 @@ impl H2c {
             }
         };
         // The stream's window no larger than an answer may be (hyper's 2 MiB at most).
+        // h2 closes a connection (ENHANCE_YOUR_CALM, "too_many_data_frames") whose small
+        // DATA frames (under 256 B: an SSE event each, on a streamed answer) buffered and
+        // unread pass a budget: a burst of streamed answers to a service short of CPU
+        // passed h2's default and failed every stream on the connection (bench/results.md,
+        // figure 12 on the Responses wire). The budget set to the connection window: a
+        // flood of tiny frames is still cut off.
         let (send, mut connection) = h2::client::Builder::new()
             .initial_window_size(s.max_answer_bytes.clamp(65_535, 2 << 20) as u32)
             .initial_connection_window_size(CONNECTION_WINDOW)
+            .data_frame_budget(CONNECTION_WINDOW as usize)
             .max_header_list_size(16 << 10)
             .enable_push(false)
             .handshake(tcp)
