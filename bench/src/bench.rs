@@ -17,6 +17,7 @@ use serde_json::{Value, json};
 use sqlx::Connection;
 
 use checkout::db::{Database, PoolSettings};
+use checkout::model::WireApi;
 
 use crate::args::Args;
 use crate::child::{self, Env, Running};
@@ -97,6 +98,14 @@ struct Plan {
     /// Figure 7 with a webhook endpoint configured (`--webhooks`): every event type on,
     /// sent to a consumer here that answers 204.
     webhooks: bool,
+    /// The model API the service and the floors speak (`--wire`): with `responses`, the
+    /// service gets `OPENAI_WIRE_API=responses` and the floors send the Responses bodies.
+    #[serde(serialize_with = "wire_name")]
+    wire: WireApi,
+}
+
+fn wire_name<S: serde::Serializer>(wire: &WireApi, to: S) -> Result<S::Ok, S::Error> {
+    to.serialize_str(wire.as_str())
 }
 
 impl Plan {
@@ -139,6 +148,7 @@ impl Plan {
                 streams_runs: 1,
                 service_env: vec![],
                 webhooks: false,
+                wire: WireApi::Chat,
             }
         } else {
             Plan {
@@ -178,6 +188,7 @@ impl Plan {
                 streams_runs: 3,
                 service_env: vec![],
                 webhooks: false,
+                wire: WireApi::Chat,
             }
         }
     }
@@ -228,10 +239,10 @@ usage: checkout-bench [--quick] [--only cpu,loops,retry,saving,startup,sweep,cou
                       [--http1] [--out DIR] [--work DIR]
                       [--service-bin PATH] [--no-build] [--postgres postgres://postgres@127.0.0.1:5432]
                       [--pg-db NAME]
-                      [--service-env NAME=VALUE]... [--webhooks]
+                      [--service-env NAME=VALUE]... [--webhooks] [--wire chat|responses]
        checkout-bench load --url URL (--duration-ms N | --requests N) [--concurrency N] ...
-       checkout-bench floor-axum | floor-reqwest --model URL | floor-sql --database URL
-       checkout-bench floor-loop --model URL [--h2c] [--port P]
+       checkout-bench floor-axum | floor-reqwest --model URL [--wire W] | floor-sql --database URL
+       checkout-bench floor-loop --model URL [--h2c] [--port P] [--wire W]
 
 Starts the service (--service-bin, else the `checkout` binary beside this one; built
 first when run through cargo), the scripted model and the load generator as separate processes on loopback, and
@@ -250,6 +261,8 @@ approval, the service's RSS against its idle RSS, then all approved: drain time,
 12 streamed checkouts (--only streams, not in the default run: 10,000 checkouts at once with
 Accept: text/event-stream over HTTP/2, a 2 s model: bytes per waiting stream, time to the
 first event, events/s, every stream RUN_FINISHED, one receipt each, CPU and database load).
+--wire responses: the service on the Responses API (OPENAI_WIRE_API=responses), the
+floors sending its bodies to /responses; chat by default.
 --quick takes under a minute; the full run under ten. Writes DIR/results.json,
 DIR/results.md and DIR/latency.svg (DIR/*-quick.* with --quick); DIR is --out, else
 bench/ when run by `cargo run -p checkout-bench`, else the current directory. Logs and
@@ -299,6 +312,11 @@ pub fn main(args: &mut Args) -> Result<(), String> {
             .ok_or_else(|| format!("--service-env {pair:?}: expected NAME=VALUE"))?;
         plan.service_env.push((name.to_owned(), value.to_owned()));
     }
+    plan.wire = crate::floor::wire(args)?;
+    if plan.wire == WireApi::Responses {
+        plan.service_env
+            .push(("OPENAI_WIRE_API".into(), plan.wire.as_str().into()));
+    }
     let places = Places::parse(args)?;
     let pg_base = args
         .value("--postgres")?
@@ -337,9 +355,10 @@ pub fn main(args: &mut Args) -> Result<(), String> {
         keyed_points: Vec::new(),
     };
     bench.note(&format!(
-        "machine: {}; open files limit here {:?}",
+        "machine: {}; open files limit here {:?}; model wire: {}",
         procfs::machine(),
-        procfs::open_files_limit("self")
+        procfs::open_files_limit("self"),
+        bench.plan.wire.as_str()
     ));
     for figure in [
         "startup", "cpu", "retry", "saving", "loops", "sweep", "counts", "overload", "outage",

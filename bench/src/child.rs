@@ -230,16 +230,22 @@ pub fn floor_axum(env: &Env) -> Result<Running, String> {
 }
 
 /// `floor-loop`: the bare handler that makes a checkout's two POSTs to the model at
-/// `model_url` (h2c with prior knowledge when `h2c`), with its soft descriptor limit
+/// `model_url` (h2c with prior knowledge when `h2c`), in `wire`'s bodies, with its soft descriptor limit
 /// raised to the hard limit first, as the service raises its own at start-up.
-pub fn floor_loop(env: &Env, name: &str, model_url: &str, h2c: bool) -> Result<Running, String> {
+pub fn floor_loop(
+    env: &Env,
+    name: &str,
+    model_url: &str,
+    h2c: bool,
+    wire: checkout::model::WireApi,
+) -> Result<Running, String> {
     let mut command = Command::new("sh");
     command
         .current_dir(&env.work)
         .arg("-c")
         .arg(r#"ulimit -n "$(ulimit -Hn)" 2>/dev/null; exec "$0" "$@""#)
         .arg(&env.bench_bin)
-        .args(["floor-loop", "--model", model_url]);
+        .args(["floor-loop", "--model", model_url, "--wire", wire.as_str()]);
     if h2c {
         command.arg("--h2c");
     }

@@ -5,7 +5,9 @@
 //! client; `floor-sql` runs the bare sqlx charge statement (with `--keyed`, also the
 //! Idempotency-Key record's insert and completion). The last two measure their
 //! own CPU and print a JSON [`FloorReport`]. `floor-loop` serves a bare handler that
-//! makes those two POSTs, for figure 2's memory per waiting loop.
+//! makes those two POSTs, for figure 2's memory per waiting loop. With `--wire
+//! responses` the two bodies are the Responses API's, as the service writes them with
+//! `OPENAI_WIRE_API=responses`, sent to `/responses`.
 
 use std::io::Write;
 use std::sync::Arc;
@@ -22,6 +24,8 @@ use serde::{Deserialize, Serialize};
 
 use checkout::assistant::{ToolBox, prompts};
 use checkout::db::{Conn, Database, PoolSettings};
+use checkout::model::WireApi;
+use checkout::model::responses;
 use checkout::model::wire::{ChatRequest, ChatResponse, Message};
 use checkout::payments::{Currency, Effect, Money, Order, OrderId};
 
@@ -75,7 +79,7 @@ pub fn axum_main(args: &mut Args) -> Result<(), String> {
     })
 }
 
-/// `floor-loop --model BASE_URL [--h2c] [--port P]`: a bare axum handler for `POST
+/// `floor-loop --model BASE_URL [--h2c] [--port P] [--wire chat|responses]`: a bare axum handler for `POST
 /// /checkout` that sends the two chat-completions bodies of a checkout to the model one
 /// after the other with a bare reqwest client (built as the service builds its model
 /// client: HTTP/2 with prior knowledge with `--h2c`, as `CHECKOUT_MODEL_H2C=true`), then
@@ -88,6 +92,7 @@ pub fn loop_main(args: &mut Args) -> Result<(), String> {
         .ok_or("floor-loop: --model is required")?;
     let h2c = args.flag("--h2c");
     let port: u16 = args.number("--port")?.unwrap_or(0);
+    let wire = wire(args)?;
     args.done()?;
     let runtime = tokio::runtime::Runtime::new().map_err(|e| e.to_string())?;
     runtime.block_on(async move {
@@ -99,9 +104,9 @@ pub fn loop_main(args: &mut Args) -> Result<(), String> {
             builder = builder.http2_prior_knowledge();
         }
         let client = builder.build().map_err(|e| e.to_string())?;
-        let url: Arc<str> = format!("{}/chat/completions", base.trim_end_matches('/')).into();
+        let url: Arc<str> = format!("{}{}", base.trim_end_matches('/'), wire.path()).into();
         // Built once (a round trip to the model) and shared: a loop holds no body of its own.
-        let (round1, round2) = chat_bodies(&client, &url).await?;
+        let (round1, round2) = chat_bodies(&client, &url, wire).await?;
         let listener = tokio::net::TcpListener::bind(("127.0.0.1", port))
             .await
             .map_err(|e| e.to_string())?;
@@ -137,9 +142,32 @@ pub fn loop_main(args: &mut Args) -> Result<(), String> {
     })
 }
 
+/// `--wire chat|responses` (chat when not given).
+pub fn wire(args: &mut Args) -> Result<WireApi, String> {
+    match args.value("--wire")? {
+        Some(wire) => WireApi::parse(&wire).map_err(|e| format!("--wire: {e}")),
+        None => Ok(WireApi::Chat),
+    }
+}
+
+/// A request body as the service writes it for `wire`.
+fn body_of(chat: &ChatRequest, wire: WireApi) -> Result<Bytes, String> {
+    let mut body = Vec::with_capacity(2048);
+    match wire {
+        WireApi::Chat => serde_json::to_writer(&mut body, chat).map_err(|e| e.to_string())?,
+        WireApi::Responses => responses::write_request(chat, &mut body),
+    }
+    Ok(Bytes::from(body))
+}
+
 /// The two request bodies of one checkout: round 1 (charge) and round 2 (confirm),
-/// built as the service builds them, with the model's real round-1 answer in round 2.
-async fn chat_bodies(client: &reqwest::Client, url: &str) -> Result<(Bytes, Bytes), String> {
+/// built as the service builds them for `wire`, with the model's real round-1 answer in
+/// round 2 (its reasoning items too, on the Responses wire).
+async fn chat_bodies(
+    client: &reqwest::Client,
+    url: &str,
+    wire: WireApi,
+) -> Result<(Bytes, Bytes), String> {
     let currency = Currency::parse("USD").map_err(|e| e.to_string())?;
     #[allow(
         clippy::disallowed_methods,
@@ -158,9 +186,15 @@ async fn chat_bodies(client: &reqwest::Client, url: &str) -> Result<(Bytes, Byte
         stream: false,
         stream_options: None,
     };
-    let round1 = Bytes::from(serde_json::to_vec(&chat).map_err(|e| e.to_string())?);
+    let round1 = body_of(&chat, wire)?;
     let answer = post(client, url, round1.clone()).await?;
-    let answer: ChatResponse = serde_json::from_slice(&answer).map_err(|e| e.to_string())?;
+    let answer: ChatResponse = match wire {
+        WireApi::Chat => serde_json::from_slice(&answer).map_err(|e| e.to_string())?,
+        WireApi::Responses => {
+            let text = std::str::from_utf8(&answer).map_err(|e| e.to_string())?;
+            responses::read_answer(text).map_err(|e| e.to_string())?
+        }
+    };
     let message = answer
         .choices
         .into_iter()
@@ -182,7 +216,7 @@ async fn chat_bodies(client: &reqwest::Client, url: &str) -> Result<(Bytes, Byte
     .to_string();
     let id = call.id.clone();
     chat.messages.push(Message::Assistant {
-        reasoning: Vec::new(),
+        reasoning: message.reasoning,
         content: message.content,
         tool_calls: calls,
     });
@@ -190,7 +224,7 @@ async fn chat_bodies(client: &reqwest::Client, url: &str) -> Result<(Bytes, Byte
         tool_call_id: id,
         content: tool_content,
     });
-    let round2 = Bytes::from(serde_json::to_vec(&chat).map_err(|e| e.to_string())?);
+    let round2 = body_of(&chat, wire)?;
     Ok((round1, round2))
 }
 
@@ -288,6 +322,7 @@ pub fn reqwest_main(args: &mut Args) -> Result<(), String> {
         .value("--model")?
         .ok_or("floor-reqwest: --model is required")?;
     let hyper = args.flag("--hyper");
+    let wire = wire(args)?;
     let span = Span::parse(args)?;
     args.done()?;
     let runtime = tokio::runtime::Runtime::new().map_err(|e| e.to_string())?;
@@ -298,8 +333,8 @@ pub fn reqwest_main(args: &mut Args) -> Result<(), String> {
             .pool_idle_timeout(Duration::from_secs(90))
             .build()
             .map_err(|e| e.to_string())?;
-        let url: Arc<str> = format!("{}/chat/completions", base.trim_end_matches('/')).into();
-        let (round1, round2) = chat_bodies(&client, &url).await?;
+        let url: Arc<str> = format!("{}{}", base.trim_end_matches('/'), wire.path()).into();
+        let (round1, round2) = chat_bodies(&client, &url, wire).await?;
         if hyper {
             let mut tcp = HttpConnector::new();
             tcp.set_nodelay(true);

@@ -9,7 +9,8 @@
 //! - oversized tool arguments are refused to the model, unread;
 //! - the keep-alive race is re-sent at once on a new connection, uncounted;
 //! - over h2c, a server stream limit of one opens more connections rather than queueing,
-//!   and a connection gone silent is found by PING and replaced.
+//!   and a connection gone silent is found by PING and replaced; with the default
+//!   keep-alive, the request that timed out on it is the only one that waits on it.
 //!
 //! Each was seen failing before its fix (the service of 0ab22e2): the endless answer
 //! took the test process past 1.5 GiB, the 200 MB one was read whole, the encoding was
@@ -323,6 +324,74 @@ both_backends!(
         assert!(
             !metrics.contains("error_type=\"timeout\""),
             "no request waited out its timeout:\n{metrics}"
+        );
+    }
+);
+
+// A model connection over h2c that goes silent, with the default keep-alive settings (a
+// PING every 10 s, 5 s for its answer): the request on it waits out its timeout once, and
+// from then on its connection gets no new stream (a PING goes on it at once, and it is
+// not answered); every later request goes to another connection, and no later checkout
+// waits on it. The server is the suite's own (common/hostile.rs, `Silent`): a
+// real one cannot be made to go silent on one connection and serve the next.
+// Seen failing with the h2c.rs before the suspect mark: "checkout SILENT-2 took 1.0s,
+// waiting on the silent connection" (both stores).
+both_backends!(
+    a_silent_h2c_connection_costs_one_timeout_with_the_default_keep_alive,
+    |backend| async move {
+        let db = TestDb::new(backend).await;
+        let model = scripted("").await;
+        let (addr, requests, connections) = h2c_faulty(&model, H2Fault::Silent).await;
+        let mut settings = test_settings(&db, &model);
+        settings.model.base_url = Some(format!("http://{addr}/v1"));
+        settings.model.h2c = true;
+        assert_eq!(
+            settings.model.transport,
+            Settings::default().model.transport,
+            "the default keep-alive"
+        );
+        let timeout = Duration::from_millis(1_000);
+        settings.model_request.timeout = timeout;
+        settings.assistant.retry.timeout = Duration::from_millis(5_000);
+        let h = Harness::serve(db, model, settings).await;
+        let started = std::time::Instant::now();
+        let reply = h.checkout("SILENT-1", "10.00").await;
+        assert_eq!(reply.status, 200, "{}", reply.text());
+        for i in 2..=9 {
+            let begun = std::time::Instant::now();
+            let reply = h.checkout(&format!("SILENT-{i}"), "10.00").await;
+            assert_eq!(reply.status, 200, "checkout {i}: {}", reply.text());
+            let took = begun.elapsed();
+            assert!(
+                took < timeout,
+                "checkout SILENT-{i} took {took:.1?}, waiting on the silent connection"
+            );
+        }
+        // The counts below hold while the silent connection is still open: its PING has
+        // 5 s, and once it is dropped the pool opens another in its place.
+        assert!(
+            started.elapsed() < Duration::from_secs(5),
+            "{:?}",
+            started.elapsed()
+        );
+        assert_eq!(h.db.all_receipts().await, 9);
+        let seen = |n: &std::sync::atomic::AtomicU64| n.load(std::sync::atomic::Ordering::SeqCst);
+        assert_eq!(h.model.requests(), 18, "two turns each, all relayed");
+        assert_eq!(
+            seen(&requests),
+            19,
+            "the silent connection took one request, the first"
+        );
+        assert_eq!(
+            seen(&connections),
+            4,
+            "the silent one and the three that took every request after it"
+        );
+        let metrics = h.get("/metrics").await.text();
+        assert_eq!(
+            crate::common::sample(&metrics, "checkout_timeouts_total{layer=\"request\"}"),
+            Some(1.0),
+            "{metrics}"
         );
     }
 );

@@ -34,6 +34,7 @@ mod reasoning;
 mod refund_faults;
 mod refund_provider;
 mod refunds;
+mod responses_outcomes;
 mod responses_wire;
 mod scopes;
 mod store_contract;

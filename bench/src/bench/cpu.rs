@@ -7,6 +7,7 @@ impl Bench {
     /// Figure 1: CPU per checkout against the floor, 64 concurrent, instant model.
     pub(super) fn cpu(&mut self, db: &Db) -> Result<(), String> {
         let plan = self.plan.clone();
+        let wire = plan.wire.as_str();
         let (mut service, mut axum, mut pair, mut sql, mut floor, mut ratio, mut rate) =
             (vec![], vec![], vec![], vec![], vec![], vec![], vec![]);
         let (mut hyper_pair, mut hyper_ratio) = (vec![], vec![]);
@@ -45,13 +46,20 @@ impl Bench {
             let reqwest: FloorReport = child::run_json(
                 &self.env,
                 "floor-reqwest",
-                &span(&["floor-reqwest", "--model", &model.url]),
+                &span(&["floor-reqwest", "--model", &model.url, "--wire", wire]),
             )?;
             // A reference beside the floor: the pair by hyper's client, the service's.
             let hyper: FloorReport = child::run_json(
                 &self.env,
                 "floor-hyper",
-                &span(&["floor-reqwest", "--model", &model.url, "--hyper"]),
+                &span(&[
+                    "floor-reqwest",
+                    "--model",
+                    &model.url,
+                    "--hyper",
+                    "--wire",
+                    wire,
+                ]),
             )?;
             model.stop();
             let statement: FloorReport = child::run_json(

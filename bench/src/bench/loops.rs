@@ -95,6 +95,7 @@ impl Bench {
                 &format!("floor-loop-{loops}"),
                 &model.url,
                 plan.loops_http2,
+                plan.wire,
             )?,
         };
         let idle_rss = procfs::status_kb(process.pid(), "VmRSS").unwrap_or(0);

@@ -11,8 +11,16 @@
 //! balancer dropped the flow without FIN or RST) is dropped, and its requests that had no
 //! answer yet go once more at once on another connection, as do requests a connection
 //! refused (GOAWAY, REFUSED_STREAM) or closed before answering.
+//!
+//! A request given up (its timeout) before any byte of its answer makes its connection
+//! suspect at once: a PING goes on it then, not at the next keep-alive tick, and no new
+//! stream goes on it until the PING is answered; unanswered within the PING timeout, the
+//! connection is dropped as above. So a connection gone silent costs one request its
+//! timeout, not every request the pool hands it until its next keep-alive PING fails.
+//! (Retiring the connection at once would cost a slow but live server a new connection
+//! for each request it takes longer than the timeout over; the PING tells the two apart.)
 
-use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 
 use bytes::{Bytes, BytesMut};
@@ -52,11 +60,43 @@ struct Pool {
 }
 
 /// One open connection: the handle that opens streams on it, the task that runs it (and
-/// PINGs it), and its streams in use.
+/// PINGs it), its streams in use, and whether it is suspect.
 struct Connection {
     send: SendRequest<Bytes>,
     task: JoinHandle<()>,
     active: AtomicUsize,
+    suspect: Arc<Suspect>,
+}
+
+/// A request on the connection was given up before any byte of its answer: no new
+/// stream goes on it (`marked`) until it answers the PING its task sends when told
+/// (`check`).
+#[derive(Default)]
+struct Suspect {
+    marked: AtomicBool,
+    check: Notify,
+}
+
+impl Connection {
+    fn suspect(&self) -> bool {
+        self.suspect.marked.load(Ordering::Relaxed)
+    }
+}
+
+/// Held while a request waits for its answer's head: dropped unanswered (the request
+/// timeout gave up on it), it makes the connection suspect.
+struct Unheard<'a>(Option<&'a Connection>);
+
+impl Drop for Unheard<'_> {
+    fn drop(&mut self) {
+        if let Some(connection) = self.0 {
+            tracing::debug!(
+                "a model request was given up with no byte of its answer; its connection gets no new stream until it answers a PING, sent now"
+            );
+            connection.suspect.marked.store(true, Ordering::Relaxed);
+            connection.suspect.check.notify_one();
+        }
+    }
 }
 
 /// A connect under way: when it ends (made, failed, or dropped with the request that
@@ -211,9 +251,10 @@ impl H2c {
         let (response, mut stream) = send.send_request(head, false).map_err(unseen)?;
         // Buffered whole: the window a stream opens with (64 KiB) holds a chat request.
         stream.send_data(body, true).map_err(unseen)?;
-        let response = response
-            .await
-            .map_err(|err| Unanswered { err, unseen: false })?;
+        let mut unheard = Unheard(Some(&taken.0));
+        let response = response.await;
+        unheard.0 = None;
+        let response = response.map_err(|err| Unanswered { err, unseen: false })?;
         Ok(response.into_parts())
     }
 
@@ -254,8 +295,9 @@ impl H2c {
 
     fn choose(&self, pool: &mut Pool) -> Next {
         let open = pool.open.len();
-        let free =
-            |c: &Connection| c.active.load(Ordering::Relaxed) < c.send.current_max_send_streams();
+        let free = |c: &Connection| {
+            !c.suspect() && c.active.load(Ordering::Relaxed) < c.send.current_max_send_streams()
+        };
         if open > 0 && (open >= CONNECTIONS || pool.connecting > 0) {
             let start = self.next.fetch_add(1, Ordering::Relaxed);
             for i in 0..open {
@@ -277,7 +319,7 @@ impl H2c {
         let least = pool
             .open
             .iter()
-            .min_by_key(|c| c.active.load(Ordering::Relaxed))
+            .min_by_key(|c| (c.suspect(), c.active.load(Ordering::Relaxed)))
             .expect("at the bound, connections are open");
         least.active.fetch_add(1, Ordering::Relaxed);
         Next::Go(Taken(least.clone()))
@@ -302,9 +344,16 @@ impl H2c {
             }
         };
         // The stream's window no larger than an answer may be (hyper's 2 MiB at most).
+        // h2 closes a connection (ENHANCE_YOUR_CALM, "too_many_data_frames") whose small
+        // DATA frames (under 256 B: an SSE event each, on a streamed answer) buffered and
+        // unread pass a budget: a burst of streamed answers to a service short of CPU
+        // passed h2's default and failed every stream on the connection (bench/results.md,
+        // figure 12 on the Responses wire). The budget set to the connection window: a
+        // flood of tiny frames is still cut off.
         let (send, mut connection) = h2::client::Builder::new()
             .initial_window_size(s.max_answer_bytes.clamp(65_535, 2 << 20) as u32)
             .initial_connection_window_size(CONNECTION_WINDOW)
+            .data_frame_budget(CONNECTION_WINDOW as usize)
             .max_header_list_size(16 << 10)
             .enable_push(false)
             .handshake(tcp)
@@ -313,6 +362,8 @@ impl H2c {
         let mut pings = connection.ping_pong().expect("taken once, here");
         let (every, within) = (s.keep_alive, s.keep_alive_timeout);
         let (settled, settling) = oneshot::channel();
+        let suspect = Arc::new(Suspect::default());
+        let told = suspect.clone();
         let task = tokio::spawn(async move {
             let mut settled = Some(settled);
             let mut tick = tokio::time::interval(every);
@@ -324,20 +375,24 @@ impl H2c {
                         }
                         return;
                     }
-                    _ = tick.tick() => {
-                        let pong = tokio::time::timeout(within, pings.ping(Ping::opaque()));
-                        tokio::select! {
-                            _ = &mut connection => return,
-                            answered = pong => match (answered, settled.take()) {
-                                (Ok(Ok(_)), Some(settled)) => { let _ = settled.send(()); }
-                                (Ok(Ok(_)), None) => {}
-                                // The first PING unanswered: the connect fails.
-                                (_, Some(_)) => return,
-                                (_, None) => {
-                                    tracing::warn!(within_ms = within.as_millis() as u64, "a model connection did not answer its PING; dropped, its requests go to another");
-                                    return;
-                                }
-                            }
+                    _ = tick.tick() => {}
+                    _ = told.check.notified() => {}
+                }
+                // Marked before this PING went: its answer clears the mark.
+                let marked = told.marked.load(Ordering::Relaxed);
+                let pong = tokio::time::timeout(within, pings.ping(Ping::opaque()));
+                tokio::select! {
+                    _ = &mut connection => return,
+                    answered = pong => match (answered, settled.take()) {
+                        (Ok(Ok(_)), Some(settled)) => { let _ = settled.send(()); }
+                        (Ok(Ok(_)), None) => if marked {
+                            told.marked.store(false, Ordering::Relaxed);
+                        }
+                        // The first PING unanswered: the connect fails.
+                        (_, Some(_)) => return,
+                        (_, None) => {
+                            tracing::warn!(within_ms = within.as_millis() as u64, suspect = marked, "a model connection did not answer its PING; dropped, its requests go to another");
+                            return;
                         }
                     }
                 }
@@ -353,6 +408,7 @@ impl H2c {
             send,
             task,
             active: AtomicUsize::new(0),
+            suspect,
         })
     }
 }

@@ -360,6 +360,11 @@ pub enum H2Fault {
     /// Answers it, then says GOAWAY (graceful: no stream above it is taken) and closes
     /// the connection once its streams are done, as a server going away does.
     GoAwayAfterFirst,
+    /// Goes silent on the connection its first request came on, as that request
+    /// arrives: reads and writes nothing more on it, and keeps it open, as a connection
+    /// looks whose flow a NAT or balancer dropped without FIN or RST. A real server cannot
+    /// be made to do that to one connection and not to the next.
+    Silent,
 }
 
 /// An h2c server on the `h2` crate itself (hyper's would not misbehave on request),
@@ -398,6 +403,12 @@ pub async fn h2c_faulty(
                             if number == 0 && fault == H2Fault::ResetFirst {
                                 respond.send_reset(h2::Reason::INTERNAL_ERROR);
                                 continue;
+                            }
+                            if number == 0 && fault == H2Fault::Silent {
+                                // Held, never polled again: not even a PING is answered.
+                                let _silent = (connection, request, respond);
+                                let never: std::convert::Infallible = std::future::pending().await;
+                                match never {}
                             }
                             let (plan, answered) = (plan.clone(), answered.clone());
                             tokio::spawn(async move {
