@@ -84,6 +84,9 @@ impl Deliverer {
             }),
             _ => None,
         };
+        // reqwest is built without a crypto provider of its own (as the Stripe client):
+        // without this, building the client panics where it wants TLS (HTTPS_PROXY set).
+        let _ = rustls::crypto::ring::default_provider().install_default();
         let http = reqwest::Client::builder()
             .redirect(reqwest::redirect::Policy::none())
             .timeout(settings.timeout)
