@@ -204,19 +204,9 @@ async fn api_keys(args: &[String]) -> ExitCode {
         }
         Err(message) => return usage_error(&message),
     }
-    let settings = match Settings::load(&sources) {
-        Ok(settings) => settings,
-        Err(err) => {
-            eprintln!("checkout: {err}");
-            return ExitCode::from(2);
-        }
-    };
-    let db = match Database::open(&settings.database.url, &settings.database.pool).await {
+    let db = match open_database(&sources).await {
         Ok(db) => db,
-        Err(err) => {
-            eprintln!("checkout: {err}");
-            return ExitCode::FAILURE;
-        }
+        Err(exit) => return exit,
     };
     let result = match (command, name) {
         ("create", Some(name)) => caller::create_with(&db, name, &spec).await.map(|new| {
@@ -318,19 +308,9 @@ async fn webhooks(args: &[String]) -> ExitCode {
         },
         _ => None,
     };
-    let settings = match Settings::load(&sources) {
-        Ok(settings) => settings,
-        Err(err) => {
-            eprintln!("checkout: {err}");
-            return ExitCode::from(2);
-        }
-    };
-    let db = match Database::open(&settings.database.url, &settings.database.pool).await {
+    let db = match open_database(&sources).await {
         Ok(db) => db,
-        Err(err) => {
-            eprintln!("checkout: {err}");
-            return ExitCode::FAILURE;
-        }
+        Err(exit) => return exit,
     };
     let done = match (new, target) {
         (Some(new), _) => endpoints::add(&db, &new).await.map(|id| {
@@ -424,6 +404,21 @@ async fn migrate(args: &[String]) -> ExitCode {
             ExitCode::FAILURE
         }
     }
+}
+
+/// The database of the settings, its migrations applied, for a command of the binary's
+/// own: a bad setting exits 2, a database that cannot be opened 1, each said on stderr.
+async fn open_database(sources: &Sources) -> Result<Database, ExitCode> {
+    let settings = Settings::load(sources).map_err(|err| {
+        eprintln!("checkout: {err}");
+        ExitCode::from(2)
+    })?;
+    Database::open(&settings.database.url, &settings.database.pool)
+        .await
+        .map_err(|err| {
+            eprintln!("checkout: {err}");
+            ExitCode::FAILURE
+        })
 }
 
 /// A key's own limit: `USD:50.00,EUR:40.00`; empty is none (the setting decides).
