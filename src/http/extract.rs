@@ -72,17 +72,8 @@ impl<S: Send + Sync> FromRequestParts<S> for Format {
 
 impl Format {
     pub fn from_accept(headers: &axum::http::HeaderMap) -> Format {
-        let Some(accept) = headers.get(header::ACCEPT).and_then(|v| v.to_str().ok()) else {
-            return Format::Json;
-        };
         let (mut json, mut text) = (0.0_f32, 0.0_f32);
-        for range in accept.split(',') {
-            let mut parts = range.split(';').map(str::trim);
-            let media = parts.next().unwrap_or_default().to_ascii_lowercase();
-            let q = parts
-                .find_map(|p| p.strip_prefix("q="))
-                .and_then(|q| q.parse::<f32>().ok())
-                .unwrap_or(1.0);
+        for (media, q) in accept_ranges(headers) {
             match media.as_str() {
                 "application/json" | "application/*" => json = json.max(q),
                 "text/plain" | "text/*" => text = text.max(q),
@@ -183,6 +174,25 @@ impl IntoParams for IdempotencyKey {
                 .build(),
         ]
     }
+}
+
+/// The media ranges of every `Accept` header, each lower-cased with its quality (`q`,
+/// 1 when not given), in the order sent.
+pub fn accept_ranges(headers: &axum::http::HeaderMap) -> impl Iterator<Item = (String, f32)> {
+    headers
+        .get_all(header::ACCEPT)
+        .iter()
+        .filter_map(|value| value.to_str().ok())
+        .flat_map(|value| value.split(','))
+        .map(|range| {
+            let mut parts = range.split(';').map(str::trim);
+            let media = parts.next().unwrap_or_default().to_ascii_lowercase();
+            let q = parts
+                .find_map(|p| p.strip_prefix("q="))
+                .and_then(|q| q.parse::<f32>().ok())
+                .unwrap_or(1.0);
+            (media, q)
+        })
 }
 
 #[cfg(test)]

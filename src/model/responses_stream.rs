@@ -11,7 +11,7 @@
 //! ([`failed`](super::responses::failed)); a stream that ends before
 //! `response.completed` or `response.incomplete` fails as a broken connection does.
 
-use eventsource_stream::{EventStreamError, Eventsource};
+use eventsource_stream::Eventsource;
 use futures_util::StreamExt;
 use serde_json::Value;
 
@@ -25,15 +25,7 @@ pub async fn read(chunks: Chunks, live: LiveAttempt) -> Result<ChatResponse, Mod
     let mut events = chunks.eventsource();
     let mut items = Assembly::default();
     while let Some(event) = events.next().await {
-        let event = event.map_err(|err| match err {
-            EventStreamError::Transport(err) => err,
-            EventStreamError::Utf8(err) => {
-                ModelError::unusable(format!("its stream is not UTF-8 text ({err})"))
-            }
-            EventStreamError::Parser(err) => {
-                ModelError::unusable(format!("its stream is not Server-Sent Events ({err})"))
-            }
-        })?;
+        let event = event.map_err(super::stream::sse_error)?;
         let data = event.data.trim();
         if data.is_empty() || data == "[DONE]" {
             continue;

@@ -21,20 +21,26 @@ use super::wire::{
     ToolCall,
 };
 
+/// What a failure to read a streamed answer as Server-Sent Events is: the transport's
+/// own error, or an unusable answer (not UTF-8, not SSE). Both wires' readers use it.
+pub(super) fn sse_error(err: EventStreamError<ModelError>) -> ModelError {
+    match err {
+        EventStreamError::Transport(err) => err,
+        EventStreamError::Utf8(err) => {
+            ModelError::unusable(format!("its stream is not UTF-8 text ({err})"))
+        }
+        EventStreamError::Parser(err) => {
+            ModelError::unusable(format!("its stream is not Server-Sent Events ({err})"))
+        }
+    }
+}
+
 /// Reads the stream to its end, publishing its text to `live` as it comes.
 pub async fn read(chunks: Chunks, live: LiveAttempt) -> Result<ChatResponse, ModelError> {
     let mut events = chunks.eventsource();
     let mut answer = Assembly::default();
     while let Some(event) = events.next().await {
-        let event = event.map_err(|err| match err {
-            EventStreamError::Transport(err) => err,
-            EventStreamError::Utf8(err) => {
-                ModelError::unusable(format!("its stream is not UTF-8 text ({err})"))
-            }
-            EventStreamError::Parser(err) => {
-                ModelError::unusable(format!("its stream is not Server-Sent Events ({err})"))
-            }
-        })?;
+        let event = event.map_err(sse_error)?;
         let data = event.data.trim();
         if data == "[DONE]" {
             answer.done = true;

@@ -21,22 +21,13 @@ const REFRESH_SECS: u32 = 2;
 /// it is what a client says it reads, as `Accept: text/plain` does on `POST /checkout`.
 pub(super) fn wants_html(headers: &HeaderMap) -> bool {
     let (mut html, mut json) = (0.0_f32, 0.0_f32);
-    for value in headers.get_all(header::ACCEPT) {
-        let Ok(value) = value.to_str() else { continue };
-        for range in value.split(',') {
-            let mut parts = range.split(';').map(str::trim);
-            let media = parts.next().unwrap_or_default().to_ascii_lowercase();
-            let q = parts
-                .find_map(|p| p.strip_prefix("q="))
-                .and_then(|q| q.parse::<f32>().ok())
-                .unwrap_or(1.0);
-            match media.as_str() {
-                "text/html" | "application/xhtml+xml" => html = html.max(q),
-                "application/json" | "application/problem+json" | "application/*" => {
-                    json = json.max(q);
-                }
-                _ => {}
+    for (media, q) in crate::http::extract::accept_ranges(headers) {
+        match media.as_str() {
+            "text/html" | "application/xhtml+xml" => html = html.max(q),
+            "application/json" | "application/problem+json" | "application/*" => {
+                json = json.max(q);
             }
+            _ => {}
         }
     }
     html > 0.0 && html >= json
