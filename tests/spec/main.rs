@@ -37,6 +37,7 @@ mod refunds;
 mod responses_outcomes;
 mod responses_wire;
 mod scopes;
+mod silent_https;
 mod store_contract;
 mod streaming;
 mod traces;

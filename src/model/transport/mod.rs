@@ -8,6 +8,17 @@
 //!   new one) goes once more at once, on a new connection: only that one's outcome
 //!   counts, for the request retry and the circuit breaker. A model request has no
 //!   effect of ours, so sending it again is always safe.
+//! - Over `https://`, a request given up (its timeout) before any byte of its answer
+//!   retires the pooled client it went on: its HTTP/2 connection may have gone silent (a
+//!   NAT or balancer dropped the flow without FIN or RST), and hyper-util would go on
+//!   giving that connection new streams until its keep-alive PING failed (up to
+//!   `CHECKOUT_MODEL_KEEPALIVE_MS` + `CHECKOUT_MODEL_KEEPALIVE_TIMEOUT_MS`), each waiting
+//!   out its timeout. hyper-util gives no handle on one pooled connection to PING it at
+//!   once, as the h2c wire does; so a new client takes the retired one's turn, and the
+//!   retired one's connections close once the requests on them end. The cost, for a live
+//!   server slower than the timeout: a new connection (a TLS handshake) per request given
+//!   up. Over `http://` the pool speaks HTTP/1.1 only, where a request given up closes its
+//!   own connection already.
 //! - `http://` with `CHECKOUT_MODEL_H2C`: HTTP/2 by prior knowledge on the `h2` crate's
 //!   own connections (`h2c.rs`).
 //! - Either through the forward proxy the environment names (`HTTPS_PROXY`,
@@ -22,6 +33,7 @@ mod h2c;
 mod proxy;
 
 use std::pin::Pin;
+use std::sync::Mutex;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
 
@@ -109,18 +121,86 @@ pub struct Transport {
 }
 
 enum Wire {
-    /// hyper-util's pooled clients, taken in turn, and one without a pool for a request
-    /// whose connection ended unanswered.
-    Pooled {
-        clients: Box<[Http]>,
-        next: AtomicUsize,
-        fresh: Http,
-    },
+    /// hyper-util's pooled clients.
+    Pooled(Pooled),
     /// HTTP/2 by prior knowledge, on the `h2` crate.
     H2c(H2c),
 }
 
 type Http = Client<HttpsConnector<Connector>, Full<Bytes>>;
+
+/// hyper-util's pooled clients, taken in turn, and one without a pool for a request whose
+/// connection ended unanswered.
+struct Pooled {
+    /// Each client with the number of clients its turn has had: a client is retired only
+    /// once, by the first request given up on it.
+    clients: Box<[Mutex<(u64, Http)>]>,
+    next: AtomicUsize,
+    fresh: Http,
+    /// What a retired client is made again from: over `https://` only.
+    retire: Option<Box<Remake>>,
+}
+
+/// A pooled client's parts, to make it again.
+struct Remake {
+    tls: rustls::ClientConfig,
+    route: Route,
+    settings: TransportSettings,
+}
+
+impl Pooled {
+    /// The client whose turn it is, its slot and its generation.
+    fn take(&self) -> (usize, u64, Http) {
+        let slot = self.next.fetch_add(1, Ordering::Relaxed) % self.clients.len();
+        let (generation, http) = &*self.clients[slot].lock().expect("never poisoned");
+        (slot, *generation, http.clone())
+    }
+
+    /// A request on the client of `slot` and `generation` was given up with no byte of
+    /// its answer: unless that client is retired already, a new one takes its turn.
+    fn retire(&self, slot: usize, generation: u64) {
+        let Some(remake) = &self.retire else { return };
+        let mut client = self.clients[slot].lock().expect("never poisoned");
+        if client.0 == generation {
+            tracing::debug!(
+                "a model request was given up with no byte of its answer; its pooled client is retired, a new one takes its turn"
+            );
+            *client = (
+                generation + 1,
+                pooled_client(
+                    Some(remake.tls.clone()),
+                    &remake.route,
+                    &remake.settings,
+                    true,
+                ),
+            );
+        }
+    }
+}
+
+/// Held while a request on a pooled client waits for its answer's head: dropped before
+/// it is [`heard`](Unheard::heard) (the request timeout gave up on it), it retires the
+/// client.
+struct Unheard<'a> {
+    pooled: &'a Pooled,
+    slot: usize,
+    generation: u64,
+    waiting: bool,
+}
+
+impl Unheard<'_> {
+    fn heard(&mut self) {
+        self.waiting = false;
+    }
+}
+
+impl Drop for Unheard<'_> {
+    fn drop(&mut self) {
+        if self.waiting {
+            self.pooled.retire(self.slot, self.generation);
+        }
+    }
+}
 
 impl Transport {
     pub fn new(uri: Uri, h2c: bool, settings: &TransportSettings) -> Result<Self, BoxError> {
@@ -158,13 +238,20 @@ impl Transport {
                 };
                 let count = if https { CONNECTIONS } else { 1 };
                 let clients = (0..count)
-                    .map(|_| pooled_client(tls.clone(), &route, settings, true))
+                    .map(|_| Mutex::new((0, pooled_client(tls.clone(), &route, settings, true))))
                     .collect();
-                Wire::Pooled {
+                Wire::Pooled(Pooled {
                     clients,
                     next: AtomicUsize::new(0),
-                    fresh: pooled_client(tls, &route, settings, false),
-                }
+                    fresh: pooled_client(tls.clone(), &route, settings, false),
+                    retire: tls.map(|tls| {
+                        Box::new(Remake {
+                            tls,
+                            route: route.clone(),
+                            settings: *settings,
+                        })
+                    }),
+                })
             }
         };
         Ok(Transport {
@@ -209,7 +296,7 @@ impl Transport {
         let limit = self.max_answer_bytes;
         let incoming = match &self.wire {
             Wire::H2c(h2c) => return h2c.send(head, call, limit).await,
-            Wire::Pooled { .. } => self.pooled(head, call).await?,
+            Wire::Pooled(pooled) => self.pooled(pooled, head, call).await?,
         };
         let (head, incoming) = incoming.into_parts();
         check_head(head.status.as_u16(), &head.headers, limit)?;
@@ -233,7 +320,7 @@ impl Transport {
         let limit = self.max_answer_bytes;
         let incoming = match &self.wire {
             Wire::H2c(h2c) => return h2c.open(head, call, limit).await,
-            Wire::Pooled { .. } => self.pooled(head, call).await?,
+            Wire::Pooled(pooled) => self.pooled(pooled, head, call).await?,
         };
         let (head, incoming) = incoming.into_parts();
         check_head(head.status.as_u16(), &head.headers, limit)?;
@@ -247,28 +334,30 @@ impl Transport {
     /// connection when its connection ended unanswered.
     async fn pooled(
         &self,
+        pooled: &Pooled,
         head: impl Fn() -> Request<()>,
         call: &ModelCall,
     ) -> Result<Response<hyper::body::Incoming>, ModelError> {
-        let Wire::Pooled {
-            clients,
-            next,
-            fresh,
-        } = &self.wire
-        else {
-            unreachable!("asked of the pooled wire only")
-        };
         call.on_wire();
-        let http = &clients[next.fetch_add(1, Ordering::Relaxed) % clients.len()];
+        let (slot, generation, http) = pooled.take();
         // The body goes with the request, not held here while the model thinks: a resend
         // writes it again.
         let request = self.request(&head, call);
-        match http.request(request).await {
+        let mut unheard = Unheard {
+            pooled,
+            slot,
+            generation,
+            waiting: true,
+        };
+        let sent = http.request(request).await;
+        unheard.heard();
+        match sent {
             Ok(response) => Ok(response),
             Err(err) if dropped_unanswered(&err) => {
                 tracing::debug!(error = %err, "the model connection ended before any byte of an answer (the keep-alive race, or a dropped connection); sending the request again on a new connection");
                 call.sending();
-                fresh
+                pooled
+                    .fresh
                     .request(self.request(&head, call))
                     .await
                     .map_err(pooled_error)

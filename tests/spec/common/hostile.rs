@@ -374,6 +374,15 @@ pub async fn h2c_faulty(
     upstream: &ScriptedModel,
     fault: H2Fault,
 ) -> (SocketAddr, Arc<AtomicU64>, Arc<AtomicU64>) {
+    h2_faulty(upstream, fault, None).await
+}
+
+/// As [`h2c_faulty`], over TLS when `tls` is given (its ALPN offering `h2`).
+pub async fn h2_faulty(
+    upstream: &ScriptedModel,
+    fault: H2Fault,
+    tls: Option<Arc<rustls::ServerConfig>>,
+) -> (SocketAddr, Arc<AtomicU64>, Arc<AtomicU64>) {
     let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
     let addr = listener.local_addr().unwrap();
     let (requests, connections) = (Arc::new(AtomicU64::new(0)), Arc::new(AtomicU64::new(0)));
@@ -384,56 +393,17 @@ pub async fn h2c_faulty(
         client: reqwest::Client::new(),
     });
     let (counted, connected) = (requests.clone(), connections.clone());
+    let tls = tls.map(tokio_rustls::TlsAcceptor::from);
     tokio::spawn(async move {
         while let Ok((stream, _)) = listener.accept().await {
             connected.fetch_add(1, Ordering::SeqCst);
-            let (plan, counted) = (plan.clone(), counted.clone());
+            let (plan, counted, tls) = (plan.clone(), counted.clone(), tls.clone());
             tokio::spawn(async move {
-                let Ok(mut connection) = h2::server::handshake(stream).await else {
-                    return;
-                };
-                // Each stream in a task of its own, so that the connection is polled (its
-                // frames read) while a stream waits for its body or its relayed answer.
-                let (answered, mut first_answered) = tokio::sync::mpsc::unbounded_channel();
-                loop {
-                    tokio::select! {
-                        next = connection.accept() => {
-                            let Some(Ok((request, mut respond))) = next else { return };
-                            let number = counted.fetch_add(1, Ordering::SeqCst);
-                            if number == 0 && fault == H2Fault::ResetFirst {
-                                respond.send_reset(h2::Reason::INTERNAL_ERROR);
-                                continue;
-                            }
-                            if number == 0 && fault == H2Fault::Silent {
-                                // Held, never polled again: not even a PING is answered.
-                                let _silent = (connection, request, respond);
-                                let never: std::convert::Infallible = std::future::pending().await;
-                                match never {}
-                            }
-                            let (plan, answered) = (plan.clone(), answered.clone());
-                            tokio::spawn(async move {
-                                let mut incoming = request.into_body();
-                                let mut body = Vec::new();
-                                while let Some(Ok(chunk)) = incoming.data().await {
-                                    let _ = incoming.flow_control().release_capacity(chunk.len());
-                                    body.extend_from_slice(&chunk);
-                                }
-                                let (status, answer) = forward(&plan, body).await;
-                                let head = hyper::Response::builder()
-                                    .status(status)
-                                    .header("content-type", "application/json")
-                                    .body(())
-                                    .unwrap();
-                                if let Ok(mut send) = respond.send_response(head, false) {
-                                    let _ = send.send_data(answer, true);
-                                }
-                                let _ = answered.send(number);
-                            });
-                        }
-                        Some(number) = first_answered.recv() => {
-                            if number == 0 && fault == H2Fault::GoAwayAfterFirst {
-                                connection.graceful_shutdown();
-                            }
+                match tls {
+                    None => serve_h2(stream, plan, counted, fault).await,
+                    Some(tls) => {
+                        if let Ok(stream) = tls.accept(stream).await {
+                            serve_h2(stream, plan, counted, fault).await;
                         }
                     }
                 }
@@ -441,6 +411,147 @@ pub async fn h2c_faulty(
         }
     });
     (addr, requests, connections)
+}
+
+/// One connection of [`h2_faulty`].
+async fn serve_h2<S>(stream: S, plan: Arc<Plan>, counted: Arc<AtomicU64>, fault: H2Fault)
+where
+    S: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin,
+{
+    let Ok(mut connection) = h2::server::handshake(stream).await else {
+        return;
+    };
+    // Each stream in a task of its own, so that the connection is polled (its frames
+    // read) while a stream waits for its body or its relayed answer.
+    let (answered, mut first_answered) = tokio::sync::mpsc::unbounded_channel();
+    loop {
+        tokio::select! {
+            next = connection.accept() => {
+                let Some(Ok((request, mut respond))) = next else { return };
+                let number = counted.fetch_add(1, Ordering::SeqCst);
+                if number == 0 && fault == H2Fault::ResetFirst {
+                    respond.send_reset(h2::Reason::INTERNAL_ERROR);
+                    continue;
+                }
+                if number == 0 && fault == H2Fault::Silent {
+                    // Held, never polled again: not even a PING is answered.
+                    let _silent = (connection, request, respond);
+                    let never: std::convert::Infallible = std::future::pending().await;
+                    match never {}
+                }
+                let (plan, answered) = (plan.clone(), answered.clone());
+                tokio::spawn(async move {
+                    let mut incoming = request.into_body();
+                    let mut body = Vec::new();
+                    while let Some(Ok(chunk)) = incoming.data().await {
+                        let _ = incoming.flow_control().release_capacity(chunk.len());
+                        body.extend_from_slice(&chunk);
+                    }
+                    let (status, answer) = forward(&plan, body).await;
+                    let head = hyper::Response::builder()
+                        .status(status)
+                        .header("content-type", "application/json")
+                        .body(())
+                        .unwrap();
+                    if let Ok(mut send) = respond.send_response(head, false) {
+                        let _ = send.send_data(answer, true);
+                    }
+                    let _ = answered.send(number);
+                });
+            }
+            Some(number) = first_answered.recv() => {
+                if number == 0 && fault == H2Fault::GoAwayAfterFirst {
+                    connection.graceful_shutdown();
+                }
+            }
+        }
+    }
+}
+
+/// A certificate for 127.0.0.1 signed by a CA of the test's own (both made by
+/// `openssl`), as a TLS server's config offering `h2` by ALPN; and the CA's PEM file,
+/// for a client to trust (`SSL_CERT_FILE`). The directory holds the files.
+pub fn trusted_tls() -> (
+    tempfile::TempDir,
+    std::path::PathBuf,
+    Arc<rustls::ServerConfig>,
+) {
+    use rustls::pki_types::pem::PemObject;
+    use rustls::pki_types::{CertificateDer, PrivateKeyDer};
+
+    let dir = tempfile::tempdir().unwrap();
+    let file = |name: &str| dir.path().join(name).display().to_string();
+    let openssl = |args: &[&str]| {
+        let made = std::process::Command::new("openssl")
+            .args(args)
+            .output()
+            .expect("openssl runs");
+        assert!(made.status.success(), "{made:?}");
+    };
+    let ec = "ec_paramgen_curve:P-256";
+    std::fs::write(
+        file("leaf.ext"),
+        "subjectAltName=IP:127.0.0.1\nbasicConstraints=CA:FALSE\nextendedKeyUsage=serverAuth\n",
+    )
+    .unwrap();
+    openssl(&[
+        "req",
+        "-x509",
+        "-days",
+        "1",
+        "-subj",
+        "/CN=checkout test CA",
+        "-newkey",
+        "ec",
+        "-pkeyopt",
+        ec,
+        "-nodes",
+        "-keyout",
+        &file("ca.key"),
+        "-out",
+        &file("ca.pem"),
+    ]);
+    openssl(&[
+        "req",
+        "-subj",
+        "/CN=localhost",
+        "-newkey",
+        "ec",
+        "-pkeyopt",
+        ec,
+        "-nodes",
+        "-keyout",
+        &file("leaf.key"),
+        "-out",
+        &file("leaf.csr"),
+    ]);
+    openssl(&[
+        "x509",
+        "-req",
+        "-days",
+        "1",
+        "-CAcreateserial",
+        "-in",
+        &file("leaf.csr"),
+        "-CA",
+        &file("ca.pem"),
+        "-CAkey",
+        &file("ca.key"),
+        "-extfile",
+        &file("leaf.ext"),
+        "-out",
+        &file("leaf.pem"),
+    ]);
+    let chain = vec![CertificateDer::from_pem_file(file("leaf.pem")).unwrap()];
+    let key = PrivateKeyDer::from_pem_file(file("leaf.key")).unwrap();
+    crate::common::install_tls();
+    let mut config = rustls::ServerConfig::builder()
+        .with_no_client_auth()
+        .with_single_cert(chain, key)
+        .unwrap();
+    config.alpn_protocols = vec![b"h2".to_vec()];
+    let ca = dir.path().join("ca.pem");
+    (dir, ca, Arc::new(config))
 }
 
 /// A TLS server whose certificate no trusted CA signed (self-signed, made by `openssl`
