@@ -367,6 +367,28 @@ pub enum H2Fault {
     Silent,
 }
 
+/// Checkouts `SILENT-1` to `SILENT-9`, one after another, through `checkout`, against a
+/// model whose first connection goes silent ([`H2Fault::Silent`]): each answered 200, and
+/// each after the first within `timeout`, the model request's (none waited on the silent
+/// connection). How long the nine took.
+pub async fn past_a_silent_connection(
+    checkout: impl AsyncFn(&str) -> crate::common::Reply,
+    timeout: std::time::Duration,
+) -> std::time::Duration {
+    let started = std::time::Instant::now();
+    for i in 1..=9 {
+        let begun = std::time::Instant::now();
+        let reply = checkout(&format!("SILENT-{i}")).await;
+        assert_eq!(reply.status, 200, "checkout {i}: {}", reply.text());
+        let took = begun.elapsed();
+        assert!(
+            i == 1 || took < timeout,
+            "checkout SILENT-{i} took {took:.1?}, waiting on the silent connection"
+        );
+    }
+    started.elapsed()
+}
+
 /// An h2c server on the `h2` crate itself (hyper's would not misbehave on request),
 /// relaying to `upstream` except for what `fault` does to the first request. Its
 /// requests and connections, counted.
@@ -480,68 +502,29 @@ pub fn trusted_tls() -> (
     use rustls::pki_types::{CertificateDer, PrivateKeyDer};
 
     let dir = tempfile::tempdir().unwrap();
-    let file = |name: &str| dir.path().join(name).display().to_string();
-    let openssl = |args: &[&str]| {
-        let made = std::process::Command::new("openssl")
-            .args(args)
-            .output()
-            .expect("openssl runs");
-        assert!(made.status.success(), "{made:?}");
-    };
-    let ec = "ec_paramgen_curve:P-256";
+    let d = dir.path().display();
     std::fs::write(
-        file("leaf.ext"),
+        dir.path().join("leaf.ext"),
         "subjectAltName=IP:127.0.0.1\nbasicConstraints=CA:FALSE\nextendedKeyUsage=serverAuth\n",
     )
     .unwrap();
-    openssl(&[
-        "req",
-        "-x509",
-        "-days",
-        "1",
-        "-subj",
-        "/CN=checkout test CA",
-        "-newkey",
-        "ec",
-        "-pkeyopt",
-        ec,
-        "-nodes",
-        "-keyout",
-        &file("ca.key"),
-        "-out",
-        &file("ca.pem"),
-    ]);
-    openssl(&[
-        "req",
-        "-subj",
-        "/CN=localhost",
-        "-newkey",
-        "ec",
-        "-pkeyopt",
-        ec,
-        "-nodes",
-        "-keyout",
-        &file("leaf.key"),
-        "-out",
-        &file("leaf.csr"),
-    ]);
-    openssl(&[
-        "x509",
-        "-req",
-        "-days",
-        "1",
-        "-CAcreateserial",
-        "-in",
-        &file("leaf.csr"),
-        "-CA",
-        &file("ca.pem"),
-        "-CAkey",
-        &file("ca.key"),
-        "-extfile",
-        &file("leaf.ext"),
-        "-out",
-        &file("leaf.pem"),
-    ]);
+    let key = "-newkey ec -pkeyopt ec_paramgen_curve:P-256 -nodes";
+    for command in [
+        format!(
+            "req -x509 -days 1 -subj /CN=checkout-test-CA {key} -keyout {d}/ca.key -out {d}/ca.pem"
+        ),
+        format!("req -subj /CN=localhost {key} -keyout {d}/leaf.key -out {d}/leaf.csr"),
+        format!(
+            "x509 -req -days 1 -CAcreateserial -in {d}/leaf.csr -CA {d}/ca.pem -CAkey {d}/ca.key -extfile {d}/leaf.ext -out {d}/leaf.pem"
+        ),
+    ] {
+        let made = std::process::Command::new("openssl")
+            .args(command.split_whitespace())
+            .output()
+            .expect("openssl runs");
+        assert!(made.status.success(), "{made:?}");
+    }
+    let file = |name: &str| dir.path().join(name);
     let chain = vec![CertificateDer::from_pem_file(file("leaf.pem")).unwrap()];
     let key = PrivateKeyDer::from_pem_file(file("leaf.key")).unwrap();
     crate::common::install_tls();
