@@ -289,7 +289,9 @@ pub fn read_answer(text: &str) -> Result<ChatResponse, ModelError> {
     assembly.finish(&answer)
 }
 
-/// An answer's output items, put together.
+/// An answer's output items, put together. Its lists grow one item at a time (an answer
+/// has one or two): grown from empty, a `Vec` takes room for four, and the loop keeps
+/// these while its tools run and its next turn waits.
 #[derive(Default)]
 pub(super) struct Assembly {
     content: Option<String>,
@@ -303,7 +305,10 @@ impl Assembly {
         let read = OutputItem::deserialize(item)
             .map_err(|err| unusable(format!("an output item does not read ({err})")))?;
         match read.kind.as_deref() {
-            Some("reasoning") => self.reasoning.push(ReasoningItem::new(item)),
+            Some("reasoning") => {
+                self.reasoning.reserve_exact(1);
+                self.reasoning.push(ReasoningItem::new(item));
+            }
             Some("message") => {
                 let Some(content) = read.content else {
                     return Ok(());
@@ -324,6 +329,7 @@ impl Assembly {
             Some("function_call") => {
                 let arguments = arguments_text(read.arguments)
                     .map_err(|err| unusable(format!("a call's arguments do not read ({err})")))?;
+                self.calls.reserve_exact(1);
                 self.calls.push(ToolCall {
                     id: read.call_id.unwrap_or_default().into_owned(),
                     kind: "function".into(),
@@ -339,7 +345,7 @@ impl Assembly {
     }
 
     /// The answer, by its `status`, `error` and `usage`.
-    pub(super) fn finish(mut self, answer: &Answer) -> Result<ChatResponse, ModelError> {
+    pub(super) fn finish(self, answer: &Answer) -> Result<ChatResponse, ModelError> {
         let status = answer.status.as_deref();
         match status {
             Some("failed") => return Err(failed(answer.error)),
@@ -369,8 +375,6 @@ impl Assembly {
             prompt_tokens: usage.input_tokens.unwrap_or(0),
             completion_tokens: usage.output_tokens.unwrap_or(0),
         });
-        // Kept with the conversation while the next turn waits: no room for more.
-        self.reasoning.shrink_to_fit();
         Ok(ChatResponse {
             choices: vec![Choice {
                 message: AssistantMessage {
@@ -529,6 +533,18 @@ mod tests {
                 completion_tokens: 30
             })
         );
+    }
+
+    // Seen failing: "left: (4, 4) right: (1, 1)" with the items pushed onto empty lists.
+    #[test]
+    fn an_answer_s_one_call_and_one_reasoning_item_are_kept_without_room_for_more() {
+        let answer = read_answer(&format!(
+            r#"{{"status": "completed", "output": [{GIVEN}, {{"type": "function_call", "call_id": "c", "name": "charge", "arguments": "{{}}"}}]}}"#
+        ))
+        .unwrap();
+        let message = &answer.choices[0].message;
+        let calls = message.tool_calls.as_ref().unwrap();
+        assert_eq!((calls.capacity(), message.reasoning.capacity()), (1, 1));
     }
 
     #[test]
