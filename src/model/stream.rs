@@ -101,6 +101,9 @@ impl Assembly {
                     )));
                 }
                 while self.calls.len() <= piece.index {
+                    // One at a time (an answer has one or two): grown from empty, a
+                    // `Vec` takes room for four, kept while the calls run.
+                    self.calls.reserve_exact(1);
                     self.calls.push(ToolCall {
                         id: String::new(),
                         kind: "function".into(),
@@ -199,6 +202,22 @@ mod tests {
             serde_json::to_value(&response).unwrap(),
             serde_json::to_value(&whole).unwrap()
         );
+    }
+
+    // Seen failing: "left: 4 right: 1" with the call pushed onto an empty list.
+    #[tokio::test]
+    async fn an_answer_s_one_call_is_kept_without_room_for_more() {
+        let response = read(
+            chunks(&[
+                "data: {\"choices\":[{\"delta\":{\"tool_calls\":[{\"index\":0,\"id\":\"c1\",\"function\":{\"name\":\"charge\",\"arguments\":\"{}\"}}]},\"finish_reason\":\"tool_calls\"}]}\n\n",
+                "data: [DONE]\n\n",
+            ]),
+            attempt(),
+        )
+        .await
+        .unwrap();
+        let calls = response.choices[0].message.tool_calls.as_ref().unwrap();
+        assert_eq!(calls.capacity(), 1);
     }
 
     #[tokio::test]

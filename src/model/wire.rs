@@ -165,9 +165,10 @@ pub enum Message {
         #[serde(default, skip_serializing_if = "Vec::is_empty")]
         tool_calls: Vec<ToolCall>,
         /// The Responses API's reasoning items that came with this answer: sent back
-        /// before it on that wire (`responses.rs`), never in a chat-completions request.
-        #[serde(default, skip_serializing)]
-        reasoning: Vec<serde_json::Value>,
+        /// before it on that wire (`responses.rs`), never in a chat-completions request
+        /// (nor read from one).
+        #[serde(skip)]
+        reasoning: Vec<ReasoningItem>,
     },
     Tool {
         tool_call_id: String,
@@ -248,7 +249,32 @@ pub struct AssistantMessage {
         default,
         skip_serializing_if = "Vec::is_empty"
     )]
-    pub reasoning: Vec<serde_json::Value>,
+    pub reasoning: Vec<ReasoningItem>,
+}
+
+/// A reasoning item of the Responses API, as the provider gave it: its JSON text, kept and
+/// sent back byte for byte (a provider may refuse an item changed in any way), and not
+/// read: nothing of it is used here.
+#[derive(Clone, Debug, Serialize, Deserialize)]
+#[serde(transparent)]
+pub struct ReasoningItem(Box<RawValue>);
+
+impl ReasoningItem {
+    /// The item whose JSON text is `item`.
+    pub fn new(item: &RawValue) -> ReasoningItem {
+        ReasoningItem(item.to_owned())
+    }
+
+    /// Its JSON text, as given.
+    pub fn json(&self) -> &RawValue {
+        &self.0
+    }
+}
+
+impl PartialEq for ReasoningItem {
+    fn eq(&self, other: &ReasoningItem) -> bool {
+        self.0.get() == other.0.get()
+    }
 }
 
 /// A tool call as a server sends it. Some (Ollama's native API, some proxies) send the
@@ -278,13 +304,8 @@ fn received_calls<'de, D: serde::Deserializer<'de>>(
     calls
         .into_iter()
         .map(|call| {
-            let arguments = match call.function.arguments {
-                None => String::new(),
-                Some(raw) if raw.get().starts_with('"') => {
-                    serde_json::from_str(raw.get()).map_err(serde::de::Error::custom)?
-                }
-                Some(raw) => raw.get().to_owned(),
-            };
+            let arguments = arguments_text(call.function.arguments.as_deref())
+                .map_err(serde::de::Error::custom)?;
             Ok(ToolCall {
                 id: call.id,
                 kind: call.kind,
@@ -296,6 +317,17 @@ fn received_calls<'de, D: serde::Deserializer<'de>>(
         })
         .collect::<Result<_, _>>()
         .map(Some)
+}
+
+/// A call's arguments as their JSON text: a string of JSON read as its text, anything else
+/// (an object) kept exactly as written, none (or `null`) as nothing. Both wires' answers
+/// read them so.
+pub(super) fn arguments_text(arguments: Option<&RawValue>) -> Result<String, serde_json::Error> {
+    match arguments {
+        None => Ok(String::new()),
+        Some(raw) if raw.get().starts_with('"') => serde_json::from_str(raw.get()),
+        Some(raw) => Ok(raw.get().to_owned()),
+    }
 }
 
 /// An error body as OpenAI sends it: `{"error": {"message", "type", "code"}}`.
