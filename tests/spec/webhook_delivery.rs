@@ -204,9 +204,13 @@ both_backends!(
         tokio::time::sleep(Duration::from_millis(1_000)).await;
         assert_eq!(receiver.got().len(), 1, "nothing is sent after the 410");
         assert_eq!(
-            h.db.count("SELECT count(*) FROM webhook_endpoints", None)
-                .await,
-            1
+            h.db.count(
+                "SELECT count(*) FROM webhook_subscriptions WHERE disabled_at IS NOT NULL",
+                None
+            )
+            .await,
+            1,
+            "disabled for every instance"
         );
         assert_eq!(event_rows(&h.db, "pending").await, 3, "kept, not sent");
         let metrics = h.get("/metrics").await.text();

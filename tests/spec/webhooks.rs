@@ -15,6 +15,10 @@ const NOWHERE: &str = "http://127.0.0.1:9/hooks";
 
 fn with_endpoint(s: &mut Settings) {
     s.webhooks.url = Some(NOWHERE.into());
+    // A URL needs its secret (refused at start-up without one).
+    s.webhooks.secret = Some(checkout::secret::Secret::new(
+        "whsec_AQIDBAUGBwgJCgsMDQ4PEBESExQVFhcYGRobHB0eHyA=",
+    ));
     s.payments.approval_above = PerCurrency::parse("USD:100.00").unwrap();
 }
 
