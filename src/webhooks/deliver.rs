@@ -126,6 +126,9 @@ impl Deliverer {
         let lease_ms = millis(self.settings.lease);
         let mut surveyed: Option<Instant> = None;
         loop {
+            // Between surveys (a retry schedule shorter than a second polls more often),
+            // and after a full batch, a claim is made; at a survey, only if one is due.
+            let mut due = true;
             if surveyed.is_none_or(|at| at.elapsed() >= SURVEY) {
                 surveyed = Some(Instant::now());
                 if !self.configured {
@@ -134,10 +137,10 @@ impl Deliverer {
                         .inspect_err(|err| tracing::warn!(error = %err, "webhooks: cannot write CHECKOUT_WEBHOOK_URL among the endpoints; trying again"))
                         .is_ok();
                 }
-                Box::pin(self.survey()).await;
+                due = Box::pin(self.survey()).await;
             }
             let mut claimed = Vec::new();
-            if self.endpoints > 0 {
+            if self.endpoints > 0 && due {
                 claimed = Box::pin(self.deliveries.claim(lease_ms))
                     .await
                     .unwrap_or_else(|err| {
@@ -155,21 +158,25 @@ impl Deliverer {
         }
     }
 
-    /// The endpoints' types, written from now on, and the backlog's metrics.
-    async fn survey(&mut self) {
+    /// The endpoints' types, written from now on, and the backlog's metrics; whether a
+    /// delivery is due (yes when the survey failed: the claim says).
+    async fn survey(&mut self) -> bool {
         match self.deliveries.survey().await {
-            Ok((events, backlog)) => {
-                self.endpoints = events.len();
-                let wanted = events
+            Ok(survey) => {
+                self.endpoints = survey.events.len();
+                let wanted = survey
+                    .events
                     .iter()
                     .filter_map(|text| WebhookSettings::parse_events(text).ok())
                     .fold(Wanted::none(), Wanted::and);
                 self.subscribed.set(wanted);
                 self.metrics
-                    .webhook_backlog(backlog.pending, backlog.oldest_age_ms);
+                    .webhook_backlog(survey.backlog.pending, survey.backlog.oldest_age_ms);
+                survey.due > 0
             }
             Err(err) => {
-                tracing::warn!(error = %err, "webhooks: cannot read the endpoints; trying again")
+                tracing::warn!(error = %err, "webhooks: cannot read the endpoints; trying again");
+                true
             }
         }
     }

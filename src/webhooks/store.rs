@@ -44,6 +44,16 @@ pub struct Backlog {
     pub oldest_age_ms: i64,
 }
 
+/// What a survey of the endpoints and their deliveries found.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Survey {
+    /// Each endpoint's types, as stored (`all`, or types separated by commas).
+    pub events: Vec<String>,
+    pub backlog: Backlog,
+    /// Deliveries due now to enabled endpoints, not claimed by anyone.
+    pub due: i64,
+}
+
 /// The deliveries of the database, as one deliverer sees them. On Postgres it keeps the
 /// connection it took (when the pool has others to spare), as the group writer does:
 /// taking one from the pool and giving it back, for every statement, moved a connection's
@@ -135,22 +145,23 @@ impl Deliveries {
         Ok(recorded?)
     }
 
-    /// The types of every endpoint (events text as stored, `endpoints::Endpoint::events`),
-    /// and the deliveries waiting across every instance.
-    pub async fn survey(&mut self) -> Result<(Vec<String>, Backlog), StoreError> {
+    /// The endpoints' types, the deliveries waiting across every instance, and how many
+    /// of them are due to enabled endpoints now: one statement, which tells the deliverer
+    /// whether to claim at all.
+    pub async fn survey(&mut self) -> Result<Survey, StoreError> {
         let mut conn = self.take().await?;
-        let rows: Result<Vec<(String, i64, i64)>, sqlx::Error> =
+        let rows: Result<Vec<(String, i64, i64, i64)>, sqlx::Error> =
             on_conn!(conn.conn(), c => sqlx::query_as(SURVEY).fetch_all(c).await);
         self.give_back(conn, rows.is_ok());
         let rows = rows?;
-        let backlog = Backlog {
-            pending: rows.iter().map(|(_, pending, _)| pending).sum(),
-            oldest_age_ms: rows.iter().map(|(_, _, age)| *age).max().unwrap_or(0),
-        };
-        Ok((
-            rows.into_iter().map(|(events, _, _)| events).collect(),
-            backlog,
-        ))
+        Ok(Survey {
+            backlog: Backlog {
+                pending: rows.iter().map(|r| r.1).sum(),
+                oldest_age_ms: rows.iter().map(|r| r.2).max().unwrap_or(0),
+            },
+            due: rows.iter().map(|r| r.3).sum(),
+            events: rows.into_iter().map(|r| r.0).collect(),
+        })
     }
 
     /// The connection kept, else one from the pool.
@@ -244,13 +255,16 @@ const DISABLE: &str = "\
     UPDATE webhook_subscriptions SET disabled_at = (SELECT now_ms FROM clock), reason = $2 \
     WHERE id = $1 AND disabled_at IS NULL";
 
-/// Each endpoint's types, its deliveries pending and the oldest's age. The pending ones
-/// are counted by the partial index of the claim (`webhook_deliveries_due`), whatever
-/// the history delivered.
+/// Each endpoint's types, its deliveries pending, the oldest's age and (enabled) how many
+/// are due and unclaimed. The pending ones are read by the partial index of the claim
+/// (`webhook_deliveries_due`), whatever the history delivered.
 const SURVEY: &str = "\
-    SELECT s.events, COALESCE(p.pending, 0), COALESCE(p.oldest_age_ms, 0) \
+    SELECT s.events, COALESCE(p.pending, 0), COALESCE(p.oldest_age_ms, 0), \
+    CASE WHEN s.disabled_at IS NULL THEN COALESCE(p.due, 0) ELSE 0 END \
     FROM webhook_subscriptions s LEFT JOIN \
-    (SELECT d.subscription, COUNT(*) AS pending, MAX(c.now_ms - d.created_at) AS oldest_age_ms \
+    (SELECT d.subscription, COUNT(*) AS pending, MAX(c.now_ms - d.created_at) AS oldest_age_ms, \
+    SUM(CASE WHEN d.next_attempt_at <= c.now_ms \
+    AND (d.claimed_until IS NULL OR d.claimed_until <= c.now_ms) THEN 1 ELSE 0 END) AS due \
     FROM webhook_deliveries d, clock c WHERE d.status = 'pending' GROUP BY d.subscription) p \
     ON p.subscription = s.id";
 
@@ -279,6 +293,35 @@ mod tests {
                 .unwrap_or_else(|e| panic!("{}: {e}", file.display()));
         }
         db
+    }
+
+    // Seen failing: with the survey's `CASE WHEN s.disabled_at IS NULL` taken out, the
+    // disabled endpoint's due delivery counted: due 2 where 1.
+    #[test]
+    fn the_survey_counts_what_waits_and_only_what_is_due_to_an_enabled_endpoint() {
+        let db = sqlite_schema();
+        db.execute_batch(
+            "INSERT INTO webhook_subscriptions (id, url, events, secret, created_at, disabled_at) VALUES \
+               ('env', 'http://a/', 'all', 'whsec_x', 0, NULL), \
+               ('ep_gone', 'http://b/', 'charge.succeeded', 'whsec_x', 0, 1); \
+             INSERT INTO webhook_deliveries (event_id, subscription, status, claimed_until, next_attempt_at, created_at) VALUES \
+               ('due', 'env', 'pending', NULL, 0, 0), \
+               ('later', 'env', 'pending', NULL, 9000000000000, 0), \
+               ('claimed', 'env', 'pending', 9000000000000, 0, 0), \
+               ('done', 'env', 'delivered', NULL, 0, 0), \
+               ('kept', 'ep_gone', 'pending', NULL, 0, 0);",
+        )
+        .unwrap();
+        let rows: Vec<(String, i64, i64)> = db
+            .prepare(SURVEY)
+            .unwrap()
+            .query_map([], |r| Ok((r.get(0)?, r.get(1)?, r.get(3)?)))
+            .unwrap()
+            .map(Result::unwrap)
+            .collect();
+        let pending: i64 = rows.iter().map(|r| r.1).sum();
+        let due: i64 = rows.iter().map(|r| r.2).sum();
+        assert_eq!((rows.len(), pending, due), (2, 4, 1), "{rows:?}");
     }
 
     // The deliverer runs these again and again: each must stay prepared, not be prepared

@@ -98,6 +98,11 @@ both_backends!(
                 vec!["remove", "ep_nothing"],
                 "no webhook endpoint ep_nothing",
             ),
+            // CHECKOUT_WEBHOOK_URL's: the setting's, not the command's.
+            (
+                vec!["remove", "env"],
+                "webhook endpoint env is CHECKOUT_WEBHOOK_URL's",
+            ),
         ] {
             let (code, _, err) = webhooks(&db, &args);
             assert_eq!(code, 2, "{args:?}: {err}");
