@@ -6,6 +6,8 @@
 //! Postgres's `FOR UPDATE SKIP LOCKED` and the function that reads a JSON array of rows
 //! are split.
 
+use std::time::Instant;
+
 use crate::db::{Conn, Database, Pooled, StoreError, on_conn};
 
 /// A delivery a deliverer claimed: what to send where, and the claim that records its
@@ -61,7 +63,10 @@ pub struct Survey {
 /// (`scripts/callgrind-profile`, bench figure 7 with `--webhooks`).
 pub struct Deliveries {
     db: Database,
-    kept: Option<Pooled>,
+    /// The connection kept, and when it was taken from the pool.
+    kept: Option<(Pooled, Instant)>,
+    /// When the connection in use was taken from the pool.
+    since: Instant,
 }
 
 impl Deliveries {
@@ -69,6 +74,7 @@ impl Deliveries {
         Deliveries {
             db: db.clone(),
             kept: None,
+            since: Instant::now(),
         }
     }
 
@@ -164,12 +170,20 @@ impl Deliveries {
         })
     }
 
-    /// The connection kept, else one from the pool.
+    /// The connection kept, else one from the pool. A kept one taken before a server
+    /// was seen read-only (a failover: it may lead to the old primary) is not used again:
+    /// dropped, it goes back to the pool, which closes it, as it closes its own (`db`).
     async fn take(&mut self) -> Result<Pooled, StoreError> {
         match self.kept.take() {
-            Some(conn) => Ok(conn),
-            // Boxed: a connection's future is some kilobytes.
-            None => Box::pin(self.db.acquire()).await,
+            Some((conn, since)) if !crate::db::taken_before_read_only(since.elapsed()) => {
+                self.since = since;
+                Ok(conn)
+            }
+            _ => {
+                self.since = Instant::now();
+                // Boxed: a connection's future is some kilobytes.
+                Box::pin(self.db.acquire()).await
+            }
         }
     }
 
@@ -177,7 +191,7 @@ impl Deliveries {
     /// it goes back to the pool (a connection that failed a statement is not kept).
     fn give_back(&mut self, conn: Pooled, ok: bool) {
         if ok && matches!(conn, Pooled::Postgres(_)) && self.db.max_connections() > 1 {
-            self.kept = Some(conn);
+            self.kept = Some((conn, self.since));
         }
     }
 }
