@@ -30,7 +30,7 @@ use sqlx::sqlite::{
 pub use batch::{Batch, PgBatch, PgBinder, PgPart, Returned};
 pub use conn::{BeginWrite, Conn, Pooled};
 pub use error::StoreError;
-pub use group::{GroupWrite, GroupWriter};
+pub use group::{GroupWrite, GroupWriter, PG_WRITER_SETTINGS};
 pub use url::check_url;
 
 /// Whether a connection its user keeps, taken from the pool `held` ago, was taken before a

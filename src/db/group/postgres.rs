@@ -87,7 +87,7 @@ async fn write_statement(
 /// reads the few rows of `webhook_subscriptions` with a `LIKE`) keeps its sequential
 /// scan, costed as disabled, far above `jit_above_cost`, and Postgres then compiled the
 /// whole statement at every execution, a wait that every checkout's commit took.
-const BY_KEY: &str =
+pub const BY_KEY: &str =
     "SELECT set_config('enable_seqscan', 'off', false), set_config('jit', 'off', false)";
 
 /// The connection of Postgres's writer, which it keeps when the pool has others to spare.
