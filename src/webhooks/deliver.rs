@@ -15,6 +15,8 @@
 use std::collections::HashMap;
 use std::time::{Duration, Instant, SystemTime};
 
+use futures_util::StreamExt;
+use futures_util::stream::FuturesUnordered;
 use reqwest::header::{CONTENT_TYPE, HeaderMap, LOCATION, RETRY_AFTER};
 
 use super::endpoints::{self, Subscribed};
@@ -77,11 +79,17 @@ pub struct Deliverer {
     /// (`endpoints::configure`): done at start-up, else first thing here.
     configured: bool,
     deliveries: Deliveries,
-    http: reqwest::Client,
     /// The types the stores write: every endpoint's.
     subscribed: Subscribed,
     /// How many endpoints there were at the last survey: with none, nothing is claimed.
     endpoints: usize,
+    sender: Sender,
+}
+
+/// What sends an attempt and judges its answer: apart from the deliveries' store, so that
+/// a batch's outcomes are recorded while the rest of its attempts are still out.
+struct Sender {
+    http: reqwest::Client,
     targets: HashMap<String, Target>,
     settings: WebhookSettings,
     metrics: Metrics,
@@ -109,21 +117,23 @@ impl Deliverer {
             db: db.clone(),
             configured,
             deliveries: Deliveries::new(db),
-            http,
             subscribed: subscribed.clone(),
             endpoints: usize::from(!subscribed.now().is_empty()),
-            targets: HashMap::new(),
-            settings: settings.clone(),
-            metrics: metrics.clone(),
+            sender: Sender {
+                http,
+                targets: HashMap::new(),
+                settings: settings.clone(),
+                metrics: metrics.clone(),
+            },
         })
     }
 
     async fn deliver_for_ever(mut self) {
-        let first = self.settings.retry_schedule.first().copied();
+        let first = self.sender.settings.retry_schedule.first().copied();
         let poll = first
             .unwrap_or(Duration::from_secs(1))
             .clamp(Duration::from_millis(20), Duration::from_secs(1));
-        let lease_ms = millis(self.settings.lease);
+        let lease_ms = millis(self.sender.settings.lease);
         let mut surveyed: Option<Instant> = None;
         loop {
             // Between surveys (a retry schedule shorter than a second polls more often),
@@ -132,7 +142,7 @@ impl Deliverer {
             if surveyed.is_none_or(|at| at.elapsed() >= SURVEY) {
                 surveyed = Some(Instant::now());
                 if !self.configured {
-                    self.configured = Box::pin(endpoints::configure(&self.db, &self.settings))
+                    self.configured = Box::pin(endpoints::configure(&self.db, &self.sender.settings))
                         .await
                         .inspect_err(|err| tracing::warn!(error = %err, "webhooks: cannot write CHECKOUT_WEBHOOK_URL among the endpoints; trying again"))
                         .is_ok();
@@ -170,7 +180,8 @@ impl Deliverer {
                     .filter_map(|text| WebhookSettings::parse_events(text).ok())
                     .fold(Wanted::none(), Wanted::and);
                 self.subscribed.set(wanted);
-                self.metrics
+                self.sender
+                    .metrics
                     .webhook_backlog(survey.backlog.pending, survey.backlog.oldest_age_ms);
                 survey.due > 0
             }
@@ -181,9 +192,42 @@ impl Deliverer {
         }
     }
 
-    /// One attempt of each of `claimed`, at once; their outcomes recorded together.
+    /// One attempt of each of `claimed`, at once; their outcomes recorded as they come, those
+    /// that came together in one statement (all of them, when the endpoints answer
+    /// alike): one slow endpoint does not hold the record of the others' deliveries, which
+    /// an instance that died before it would leave to be sent again.
     async fn deliver(&mut self, mut claimed: Vec<Claimed>) {
-        for row in &claimed {
+        self.sender.know(&claimed);
+        let bodies: Vec<String> = claimed
+            .iter_mut()
+            .map(|row| std::mem::take(&mut row.body))
+            .collect();
+        let (sender, deliveries) = (&self.sender, &mut self.deliveries);
+        let mut answered = claimed
+            .iter()
+            .zip(bodies)
+            .map(|(row, body)| async move { (row, sender.send(row, body).await) })
+            .collect::<FuturesUnordered<_>>()
+            .ready_chunks(BATCH);
+        while let Some(chunk) = answered.next().await {
+            let mut gone: Vec<(&str, &str)> = Vec::new();
+            let outcomes: Vec<(&Claimed, Outcome)> = chunk
+                .into_iter()
+                .map(|(row, attempt)| (row, sender.outcome(row, attempt, &mut gone)))
+                .collect();
+            if let Err(err) = Box::pin(deliveries.record(&outcomes, &gone)).await {
+                // The leases lapse and the deliveries are claimed again: at worst a second
+                // delivery with the same webhook-id.
+                tracing::warn!(error = %err, deliveries = outcomes.len(), "webhooks: cannot record the deliveries' outcomes");
+            }
+        }
+    }
+}
+
+impl Sender {
+    /// Each endpoint of `claimed` as its row reads now: its URL and keys parsed once.
+    fn know(&mut self, claimed: &[Claimed]) {
+        for row in claimed {
             let current = self
                 .targets
                 .get(&row.subscription)
@@ -193,53 +237,42 @@ impl Deliverer {
                     .insert(row.subscription.clone(), Target::of(row));
             }
         }
-        let bodies: Vec<String> = claimed
-            .iter_mut()
-            .map(|row| std::mem::take(&mut row.body))
-            .collect();
-        let attempts = futures_util::future::join_all(
-            claimed
-                .iter()
-                .zip(bodies)
-                .map(|(row, body)| self.send(row, body)),
-        )
-        .await;
-        let mut outcomes = Vec::with_capacity(claimed.len());
-        let mut gone: Vec<(&str, &str)> = Vec::new();
-        for (row, attempt) in claimed.iter().zip(attempts) {
-            let (event, endpoint) = (&row.event_id, &row.subscription);
-            let outcome = match self.verdict(attempt, row.attempts) {
-                Verdict::Delivered => {
-                    tracing::debug!(%event, %endpoint, attempt = row.attempts, "webhooks: event delivered");
-                    Outcome::Delivered
+    }
+
+    /// What `attempt` of `row` comes to, logged and counted; an endpoint that answered 410
+    /// is added to `gone`.
+    fn outcome<'r>(
+        &self,
+        row: &'r Claimed,
+        attempt: Attempt,
+        gone: &mut Vec<(&'r str, &'static str)>,
+    ) -> Outcome {
+        let (event, endpoint) = (&row.event_id, row.subscription.as_str());
+        match self.verdict(attempt, row.attempts) {
+            Verdict::Delivered => {
+                tracing::debug!(%event, %endpoint, attempt = row.attempts, "webhooks: event delivered");
+                Outcome::Delivered
+            }
+            Verdict::Gone => {
+                tracing::error!(%event, %endpoint, url = %row.url, "webhooks: the endpoint answered 410 Gone; it is disabled, nothing more is sent to it (its events are kept for it: docs/webhooks.md)");
+                if !gone.iter().any(|(id, _)| *id == endpoint) {
+                    gone.push((endpoint, "410 Gone"));
                 }
-                Verdict::Gone => {
-                    tracing::error!(%event, %endpoint, url = %row.url, "webhooks: the endpoint answered 410 Gone; it is disabled, nothing more is sent to it (its events are kept for it: docs/webhooks.md)");
-                    if !gone.iter().any(|(id, _)| *id == endpoint) {
-                        gone.push((endpoint, "410 Gone"));
-                    }
-                    // The claim given back: the delivery stays pending, for the endpoint
-                    // enabled again.
-                    Outcome::Later {
-                        error: "410 Gone".into(),
-                        delay_ms: 0,
-                    }
+                // The claim given back: the delivery stays pending, for the endpoint
+                // enabled again.
+                Outcome::Later {
+                    error: "410 Gone".into(),
+                    delay_ms: 0,
                 }
-                Verdict::Failed(error) => {
-                    tracing::error!(%event, %endpoint, attempts = row.attempts, %error, "webhooks: out of retries; the delivery is recorded failed");
-                    Outcome::Failed { error }
-                }
-                Verdict::Later(error, delay_ms) => {
-                    tracing::warn!(%event, %endpoint, attempt = row.attempts, %error, retry_in_ms = delay_ms, "webhooks: not delivered; trying again later");
-                    Outcome::Later { error, delay_ms }
-                }
-            };
-            outcomes.push((row, outcome));
-        }
-        if let Err(err) = Box::pin(self.deliveries.record(&outcomes, &gone)).await {
-            // The leases lapse and the deliveries are claimed again: at worst a second
-            // delivery with the same webhook-id.
-            tracing::warn!(error = %err, deliveries = outcomes.len(), "webhooks: cannot record the deliveries' outcomes");
+            }
+            Verdict::Failed(error) => {
+                tracing::error!(%event, %endpoint, attempts = row.attempts, %error, "webhooks: out of retries; the delivery is recorded failed");
+                Outcome::Failed { error }
+            }
+            Verdict::Later(error, delay_ms) => {
+                tracing::warn!(%event, %endpoint, attempt = row.attempts, %error, retry_in_ms = delay_ms, "webhooks: not delivered; trying again later");
+                Outcome::Later { error, delay_ms }
+            }
         }
     }
 

@@ -78,7 +78,7 @@ impl Deliveries {
         }
     }
 
-    /// Claims up to [`BATCH`] due deliveries to enabled endpoints, each for `lease_ms`.
+    /// Claims up to `BATCH` due deliveries to enabled endpoints, each for `lease_ms`.
     pub async fn claim(&mut self, lease_ms: i64) -> Result<Vec<Claimed>, StoreError> {
         let mut conn = self.take().await?;
         let claimed = match conn.conn() {
