@@ -116,19 +116,21 @@ impl App {
         // One registry of the streams that follow operations here, told by every store
         // that commits journal rows.
         let wake = Arc::new(Wake::default());
-        // The events the endpoint wants, written by the stores of the facts they announce,
-        // in the data the API shows.
-        // CHECKOUT_WEBHOOK_URL's, and those of the endpoints `checkout webhooks add` keeps
-        // (the deliverer reads them again every second).
-        let added = webhooks::endpoints::list(&db).await.unwrap_or_else(|err| {
-            tracing::warn!(error = %err, "webhooks: cannot read the endpoints yet; the deliverer reads them again within a second");
-            Vec::new()
-        });
+        // The events the endpoints want, written by the stores of the facts they announce,
+        // in the data the API shows: CHECKOUT_WEBHOOK_URL's, written among the endpoints
+        // now, and those `checkout webhooks add` keeps (the deliverer reads them again
+        // every second).
+        let (configured, endpoints) = match webhooks::endpoints::configure(&db, &settings.webhooks)
+            .await
+        {
+            Ok(endpoints) => (true, endpoints),
+            Err(err) => {
+                tracing::warn!(error = %err, "webhooks: cannot write CHECKOUT_WEBHOOK_URL among the endpoints yet; the deliverer tries again within a second");
+                (false, Vec::new())
+            }
+        };
         let wanted = Subscribed::new(
-            settings
-                .webhooks
-                .wanted()
-                .and(webhooks::endpoints::wanted_by(&added)),
+            webhooks::endpoints::wanted_by(&endpoints).and(settings.webhooks.wanted()),
         );
         let receipts = Receipts::new(&db, &wake)
             .announcing(
@@ -190,9 +192,12 @@ impl App {
         announce::mail(&settings, &transport);
         announce::webhooks(
             &settings,
-            added.iter().filter(|e| e.disabled_at.is_none()).count(),
+            endpoints
+                .iter()
+                .filter(|e| !e.from_settings() && e.disabled_at.is_none())
+                .count(),
         );
-        let deliverer = Deliverer::new(&db, &settings.webhooks, &wanted, &metrics)
+        let deliverer = Deliverer::new(&db, &settings.webhooks, &wanted, &metrics, configured)
             .map_err(StartError::Setting)?;
         announce::recovery(&settings);
 

@@ -263,8 +263,9 @@ async fn api_keys(args: &[String]) -> ExitCode {
 }
 
 /// `webhooks add URL` stores an endpoint and prints its id (and the secret it made, once,
-/// when none was given); `list` shows every endpoint, its secret cut short; `remove ID`
-/// stops its deliveries. A bad URL, event type or secret stores nothing (exit 2).
+/// when none was given); `list` shows every endpoint (CHECKOUT_WEBHOOK_URL's as `env`),
+/// its secret cut short; `remove ID` stops its deliveries (not `env`'s: the setting's).
+/// A bad URL, event type or secret stores nothing (exit 2).
 async fn webhooks(args: &[String]) -> ExitCode {
     use checkout::webhooks::endpoints::{self, NewEndpoint};
     let (command, target, flag_args) = match args.split_first() {
@@ -299,6 +300,13 @@ async fn webhooks(args: &[String]) -> ExitCode {
             }
         }
         Err(message) => return usage_error(&message),
+    }
+    if command == "remove" && target == Some(endpoints::ENV) {
+        eprintln!(
+            "checkout: webhook endpoint {} is CHECKOUT_WEBHOOK_URL's: unset the setting, and it is removed when the service starts",
+            endpoints::ENV
+        );
+        return ExitCode::from(2);
     }
     // Checked before the database is opened: a bad value stores nothing.
     let new = match (command, target) {

@@ -96,7 +96,8 @@ struct Plan {
     /// Extra environment for every service process (`--service-env NAME=VALUE`).
     service_env: Vec<(String, String)>,
     /// Figure 7 with a webhook endpoint configured (`--webhooks`): every event type on,
-    /// sent to a consumer here that answers 204.
+    /// sent to a consumer here that answers 204 (then 410), beside the counts without one
+    /// and the floor of one delivery.
     webhooks: bool,
     /// The model API the service and the floors speak (`--wire`): with `responses`, the
     /// service gets `OPENAI_WIRE_API=responses` and the floors send the Responses bodies.
@@ -243,6 +244,7 @@ usage: checkout-bench [--quick] [--only cpu,loops,retry,saving,startup,sweep,cou
        checkout-bench load --url URL (--duration-ms N | --requests N) [--concurrency N] ...
        checkout-bench floor-axum | floor-reqwest --model URL [--wire W] | floor-sql --database URL
        checkout-bench floor-loop --model URL [--h2c] [--port P] [--wire W]
+       checkout-bench floor-webhook --url URL [--requests N]
 
 Starts the service (--service-bin, else the `checkout` binary beside this one; built
 first when run through cargo), the scripted model and the load generator as separate processes on loopback, and
@@ -250,8 +252,10 @@ measures: 1 CPU per checkout against its floor, 2 loops in flight (10,000 concur
 checkouts, a 2 s model; --http1 for HTTP/1.1) and the bytes per waiting loop against
 its floor (floor-loop), 3 retry amplification (20 % of model requests 503), 4 start-up,
 7 instructions and heap allocations per checkout (under valgrind: callgrind, dhat;
---webhooks: with a webhook endpoint configured, every event type on, a consumer here
-answering 204, each window's events delivered before it is counted),
+--webhooks: each without a webhook endpoint, then with one configured, every event type
+on, a consumer here answering 204, each window's events delivered before it is counted,
+then instructions with the consumer answering 410 (the endpoint gone: events written,
+none sent), and the floor of one signed POST by a bare reqwest client, floor-webhook),
 8 overload (twice --overload-limit checkouts offered at once: 1,000 with --quick, else
 5,000; the admitted ones served, the rest refused with 503 overloaded at once).
 K keyed checkouts in flight (a fresh Idempotency-Key each, 1 to 256 in flight, an

@@ -3,12 +3,14 @@
 //! `cargo run --release -p checkout-bench -- --quick` (under a minute) or without
 //! `--quick` (the full run, under ten minutes). See `--help` and bench/README.md.
 //! The same binary is the load generator (`load`) and the floor's bare parts
-//! (`floor-axum`, `floor-reqwest`, `floor-sql`, `floor-loop`), each run as a process of its own.
+//! (`floor-axum`, `floor-reqwest`, `floor-sql`, `floor-loop`, `floor-webhook`), each run as a
+//! process of its own.
 
 mod args;
 mod bench;
 mod child;
 mod floor;
+mod floor_webhook;
 mod load;
 mod procfs;
 mod real_model;
@@ -28,6 +30,7 @@ fn main() -> ExitCode {
         Some("floor-reqwest") => floor::reqwest_main(&mut args),
         Some("floor-sql") => floor::sql_main(&mut args),
         Some("floor-loop") => floor::loop_main(&mut args),
+        Some("floor-webhook") => floor_webhook::main(&mut args),
         Some(other) => Err(format!("unknown subcommand {other:?}; see --help")),
     };
     match result {

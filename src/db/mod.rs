@@ -30,8 +30,15 @@ use sqlx::sqlite::{
 pub use batch::{Batch, PgBatch, PgBinder, PgPart, Returned};
 pub use conn::{BeginWrite, Conn, Pooled};
 pub use error::StoreError;
-pub use group::{GroupWrite, GroupWriter};
+pub use group::{GroupWrite, GroupWriter, PG_WRITER_SETTINGS};
 pub use url::check_url;
+
+/// Whether a connection its user keeps, taken from the pool `held` ago, was taken before a
+/// server refused a statement as read-only (25006): it may lead to a fenced or demoted
+/// primary, and is let go, as the pool lets go of its own (`read_only`).
+pub fn taken_before_read_only(held: std::time::Duration) -> bool {
+    read_only::opened_before_seen(held)
+}
 
 type WeakWriter = tokio::sync::mpsc::WeakUnboundedSender<Box<dyn group::Lane>>;
 

@@ -13,12 +13,12 @@ pub(super) const DELIVERIES: Def = Def {
 };
 pub(super) const PENDING: Def = Def {
     name: "checkout_webhook_events_pending",
-    help: "Webhook events written and not yet delivered nor given up, across every instance (the database's count, read by this instance's deliverer).",
+    help: "Webhook deliveries (one per event and endpoint that takes its type) not yet made nor given up, across every instance, a disabled endpoint's kept ones included (the database's count, read by this instance's deliverer).",
     buckets: None,
 };
 pub(super) const OLDEST: Def = Def {
     name: "checkout_webhook_oldest_pending_seconds",
-    help: "Age of the oldest pending webhook event, in seconds (0 when none waits): it grows while the endpoint is down or disabled.",
+    help: "Age of the oldest pending webhook delivery, in seconds (0 when none waits): it grows while an endpoint is down or disabled.",
     buckets: None,
 };
 
@@ -37,7 +37,7 @@ impl Metrics {
         self.counter(&DELIVERIES, &[("outcome", outcome)], 1);
     }
 
-    /// The events waiting now, and the oldest's age in milliseconds.
+    /// The deliveries waiting now, and the oldest's age in milliseconds.
     pub fn webhook_backlog(&self, pending: i64, oldest_age_ms: i64) {
         self.gauge(&PENDING).set(pending as f64);
         self.gauge(&OLDEST).set(oldest_age_ms as f64 / 1000.0);

@@ -1,28 +1,37 @@
-//! The deliverer: claims due events under a lease, POSTs each as a Standard Webhook, then
-//! records the outcome. No transaction is open while an event is sent; an event whose
-//! deliverer died mid-send is claimed again by any instance once its lease lapses, and
-//! sent again with the same `webhook-id` (the endpoint deduplicates by it: delivery is at
-//! least once).
+//! The deliverer: claims a batch of due deliveries under a lease, POSTs each as a Standard
+//! Webhook (the batch's at once, on one client that keeps its connections alive), then
+//! records the batch's outcomes in one statement. Every endpoint goes this one way,
+//! CHECKOUT_WEBHOOK_URL's as the others. No transaction is open while a delivery is
+//! sent; a delivery whose deliverer died mid-send is claimed again by any instance once
+//! its lease lapses, and sent again with the same `webhook-id` (the endpoint deduplicates
+//! by it: delivery is at least once).
 //!
-//! 2xx is delivered. 410 Gone disables the endpoint (every instance stops sending to it).
-//! Anything else (a 3xx too: no redirect is followed; a timeout; no connection) is tried
-//! again after the next wait of the retry schedule, or after `Retry-After` on 429 and 503;
-//! after the schedule's last wait the event is recorded failed.
+//! 2xx is delivered. 410 Gone disables the endpoint (every instance stops sending to it:
+//! the claim takes only enabled endpoints' deliveries). Anything else (a 3xx too: no
+//! redirect is followed; a timeout; no connection) is tried again after the next wait of
+//! the retry schedule, or after `Retry-After` on 429 and 503; after the schedule's last
+//! wait the delivery is recorded failed.
 
+use std::collections::HashMap;
 use std::time::{Duration, Instant, SystemTime};
 
+use futures_util::StreamExt;
+use futures_util::stream::FuturesUnordered;
 use reqwest::header::{CONTENT_TYPE, HeaderMap, LOCATION, RETRY_AFTER};
 
-use super::WebhookSettings;
-use super::endpoints::{self, Endpoint, Subscribed};
-use super::fanout::{ClaimedDelivery, Fanout};
+use super::endpoints::{self, Subscribed};
 use super::sign::SigningKeys;
-use super::store::{Claimed, Deliveries};
+use super::store::{BATCH, Claimed, Deliveries, Outcome};
+use super::{Wanted, WebhookSettings};
 use crate::db::Database;
 use crate::metrics::Metrics;
+use crate::secret::Secret;
 use crate::worker::Worker;
 
 const DAY: Duration = Duration::from_secs(24 * 3600);
+
+/// How often the endpoints (the types written) and the backlog are read.
+const SURVEY: Duration = Duration::from_secs(1);
 
 /// What one attempt came to.
 #[derive(Debug, PartialEq, Eq)]
@@ -37,53 +46,65 @@ enum Attempt {
     },
 }
 
-/// What a delivery comes to after an attempt, by the retry schedule.
-enum Verdict {
-    Delivered,
-    Gone,
-    Failed(String),
-    Later(String, i64),
-}
-
-/// CHECKOUT_WEBHOOK_URL, its keys and its types (separated by commas).
-struct EnvEndpoint {
+/// An endpoint as a request is made to it: its URL and keys, read from its row once (and
+/// again when the row changes).
+struct Target {
     url: String,
-    keys: SigningKeys,
-    types: String,
+    secret: String,
+    parsed: Result<(reqwest::Url, SigningKeys), String>,
 }
 
-/// Sends the events to CHECKOUT_WEBHOOK_URL and to the endpoints of `checkout webhooks
-/// add`, for as long as the service runs.
+impl Target {
+    fn of(row: &Claimed) -> Target {
+        let parsed = reqwest::Url::parse(&row.url)
+            .map_err(|e| format!("the endpoint's URL {:?}: {e}", row.url))
+            .and_then(|url| {
+                SigningKeys::parse(&Secret::new(row.secret.as_str()))
+                    .map(|keys| (url, keys))
+                    .map_err(|e| format!("the endpoint's stored secret {e}"))
+            });
+        Target {
+            url: row.url.clone(),
+            secret: row.secret.clone(),
+            parsed,
+        }
+    }
+}
+
+/// Sends the events to every endpoint, CHECKOUT_WEBHOOK_URL's and those of `checkout
+/// webhooks add`, for as long as the service runs.
 pub struct Deliverer {
-    deliveries: Deliveries,
-    fanout: Fanout,
     db: Database,
-    http: reqwest::Client,
-    env: Option<EnvEndpoint>,
-    /// The types the stores write: the env endpoint's and every enabled endpoint's.
+    /// Whether CHECKOUT_WEBHOOK_URL's endpoint is written as the settings say
+    /// (`endpoints::configure`): done at start-up, else first thing here.
+    configured: bool,
+    deliveries: Deliveries,
+    /// The types the stores write: every endpoint's.
     subscribed: Subscribed,
+    /// How many endpoints there were at the last survey: with none, nothing is claimed.
+    endpoints: usize,
+    sender: Sender,
+}
+
+/// What sends an attempt and judges its answer: apart from the deliveries' store, so that
+/// a batch's outcomes are recorded while the rest of its attempts are still out.
+struct Sender {
+    http: reqwest::Client,
+    targets: HashMap<String, Target>,
     settings: WebhookSettings,
     metrics: Metrics,
 }
 
 impl Deliverer {
-    /// The deliverer of `settings`' endpoint and of the database's, keeping `subscribed`
-    /// up to date.
+    /// The deliverer of the database's endpoints, keeping `subscribed` up to date;
+    /// `configured` once CHECKOUT_WEBHOOK_URL's is written (`endpoints::configure`).
     pub fn new(
         db: &Database,
         settings: &WebhookSettings,
         subscribed: &Subscribed,
         metrics: &Metrics,
+        configured: bool,
     ) -> Result<Deliverer, String> {
-        let env = match (&settings.url, &settings.secret) {
-            (Some(url), Some(secret)) => Some(EnvEndpoint {
-                url: url.clone(),
-                keys: SigningKeys::parse(secret)
-                    .map_err(|e| format!("CHECKOUT_WEBHOOK_SECRET {e}"))?,
-                types: endpoints::events_text_list(settings.wanted()),
-            }),
-            _ => None,
-        };
         // reqwest is built without a crypto provider of its own (as the Stripe client):
         // without this, building the client panics where it wants TLS (HTTPS_PROXY set).
         let _ = rustls::crypto::ring::default_provider().install_default();
@@ -93,122 +114,166 @@ impl Deliverer {
             .build()
             .map_err(|e| format!("the webhook client: {e}"))?;
         Ok(Deliverer {
-            deliveries: Deliveries::new(db),
-            fanout: Fanout::new(db),
             db: db.clone(),
-            http,
-            env,
+            configured,
+            deliveries: Deliveries::new(db),
             subscribed: subscribed.clone(),
-            settings: settings.clone(),
-            metrics: metrics.clone(),
+            endpoints: usize::from(!subscribed.now().is_empty()),
+            sender: Sender {
+                http,
+                targets: HashMap::new(),
+                settings: settings.clone(),
+                metrics: metrics.clone(),
+            },
         })
     }
 
-    async fn deliver_for_ever(self) {
-        let first = self.settings.retry_schedule.first().copied();
+    async fn deliver_for_ever(mut self) {
+        let first = self.sender.settings.retry_schedule.first().copied();
         let poll = first
             .unwrap_or(Duration::from_secs(1))
             .clamp(Duration::from_millis(20), Duration::from_secs(1));
-        let lease_ms = millis(self.settings.lease);
-        let mut counted = Instant::now() - Duration::from_secs(1);
-        let mut gone_logged = false;
-        let mut endpoints: Vec<(Endpoint, Option<SigningKeys>)> = Vec::new();
+        let lease_ms = millis(self.sender.settings.lease);
+        let mut surveyed: Option<Instant> = None;
         loop {
-            if counted.elapsed() >= Duration::from_secs(1) {
-                counted = Instant::now();
-                endpoints = self.refresh(endpoints).await;
+            // Between surveys (a retry schedule shorter than a second polls more often),
+            // and after a full batch, a claim is made; at a survey, only if one is due.
+            let mut due = true;
+            if surveyed.is_none_or(|at| at.elapsed() >= SURVEY) {
+                surveyed = Some(Instant::now());
+                if !self.configured {
+                    self.configured = Box::pin(endpoints::configure(&self.db, &self.sender.settings))
+                        .await
+                        .inspect_err(|err| tracing::warn!(error = %err, "webhooks: cannot write CHECKOUT_WEBHOOK_URL among the endpoints; trying again"))
+                        .is_ok();
+                }
+                due = Box::pin(self.survey()).await;
             }
-            let mut busy = false;
-            if let Some(env) = &self.env {
-                let claimed = match self
-                    .deliveries
-                    .claim(&env.url, &env.types, lease_ms, 16)
+            let mut claimed = Vec::new();
+            if self.endpoints > 0 && due {
+                claimed = Box::pin(self.deliveries.claim(lease_ms))
                     .await
-                {
-                    Ok(claimed) => claimed,
-                    Err(err) => {
-                        tracing::warn!(error = %err, "webhooks: cannot claim events; trying again");
+                    .unwrap_or_else(|err| {
+                        tracing::warn!(error = %err, "webhooks: cannot claim deliveries; trying again");
                         Vec::new()
-                    }
-                };
-                if claimed.is_empty()
-                    && !gone_logged
-                    && self.deliveries.disabled(&env.url).await.unwrap_or(false)
-                {
-                    gone_logged = true;
-                    tracing::error!(url = %env.url, "webhooks: the endpoint answered 410 Gone and is disabled; events wait for another CHECKOUT_WEBHOOK_URL (docs/webhooks.md)");
-                }
-                busy |= !claimed.is_empty();
-                for row in claimed {
-                    self.deliver(env, row).await;
-                }
+                    });
             }
-            if !endpoints.is_empty() {
-                let listed: Vec<Endpoint> = endpoints.iter().map(|(e, _)| e.clone()).collect();
-                match self.fanout.fan_out(&listed, 100).await {
-                    Ok(n) => busy |= n > 0,
-                    Err(err) => {
-                        tracing::warn!(error = %err, "webhooks: cannot fan events out to the endpoints; trying again")
-                    }
-                }
-                let claimed = self.fanout.claim(lease_ms, 16).await.unwrap_or_else(|err| {
-                    tracing::warn!(error = %err, "webhooks: cannot claim deliveries; trying again");
-                    Vec::new()
-                });
-                busy |= !claimed.is_empty();
-                for row in claimed {
-                    let endpoint = endpoints.iter().find(|(e, _)| e.id == row.subscription);
-                    if let Some((endpoint, Some(keys))) = endpoint {
-                        self.deliver_to(endpoint, keys, row).await;
-                    }
-                }
+            let full = claimed.len() == BATCH;
+            if !claimed.is_empty() {
+                Box::pin(self.deliver(claimed)).await;
             }
-            if !busy {
+            if !full {
                 tokio::time::sleep(poll).await;
             }
         }
     }
 
-    /// The endpoints of the database now, each with its keys; the types written updated, and
-    /// the backlog's metrics.
-    async fn refresh(
-        &self,
-        had: Vec<(Endpoint, Option<SigningKeys>)>,
-    ) -> Vec<(Endpoint, Option<SigningKeys>)> {
-        let now = match endpoints::list(&self.db).await {
-            Ok(listed) => listed
-                .into_iter()
-                .map(|e| {
-                    let keys = SigningKeys::parse(&e.secret)
-                        .inspect_err(|err| tracing::error!(endpoint = %e.id, "webhooks: the endpoint's stored secret {err}; nothing is sent to it"))
-                        .ok();
-                    (e, keys)
-                })
-                .collect(),
+    /// The endpoints' types, written from now on, and the backlog's metrics; whether a
+    /// delivery is due (yes when the survey failed: the claim says).
+    async fn survey(&mut self) -> bool {
+        match self.deliveries.survey().await {
+            Ok(survey) => {
+                self.endpoints = survey.events.len();
+                let wanted = survey
+                    .events
+                    .iter()
+                    .filter_map(|text| WebhookSettings::parse_events(text).ok())
+                    .fold(Wanted::none(), Wanted::and);
+                self.subscribed.set(wanted);
+                self.sender
+                    .metrics
+                    .webhook_backlog(survey.backlog.pending, survey.backlog.oldest_age_ms);
+                survey.due > 0
+            }
             Err(err) => {
                 tracing::warn!(error = %err, "webhooks: cannot read the endpoints; trying again");
-                had
+                true
             }
-        };
-        let listed: Vec<Endpoint> = now.iter().map(|(e, _)| e.clone()).collect();
-        self.subscribed
-            .set(self.settings.wanted().and(endpoints::wanted_by(&listed)));
-        // With no endpoint at all (neither CHECKOUT_WEBHOOK_URL nor an enabled one of the
-        // database), nothing is written and nothing waits for anyone: the backlog is
-        // none, known without asking the database every second.
-        if self.env.is_none() && now.is_empty() {
-            self.metrics.webhook_backlog(0, 0);
-            return now;
         }
-        let types = self.env.as_ref().map_or("", |env| env.types.as_str());
-        if let (Ok(env), Ok((pending, oldest))) = (
-            self.deliveries.backlog(types).await,
-            self.fanout.backlog().await,
-        ) {
-            self.metrics
-                .webhook_backlog(env.pending + pending, env.oldest_age_ms.max(oldest));
+    }
+
+    /// One attempt of each of `claimed`, at once; their outcomes recorded as they come, those
+    /// that came together in one statement (all of them, when the endpoints answer
+    /// alike): one slow endpoint does not hold the record of the others' deliveries, which
+    /// an instance that died before it would leave to be sent again.
+    async fn deliver(&mut self, mut claimed: Vec<Claimed>) {
+        self.sender.know(&claimed);
+        let bodies: Vec<String> = claimed
+            .iter_mut()
+            .map(|row| std::mem::take(&mut row.body))
+            .collect();
+        let (sender, deliveries) = (&self.sender, &mut self.deliveries);
+        let mut answered = claimed
+            .iter()
+            .zip(bodies)
+            .map(|(row, body)| async move { (row, sender.send(row, body).await) })
+            .collect::<FuturesUnordered<_>>()
+            .ready_chunks(BATCH);
+        while let Some(chunk) = answered.next().await {
+            let mut gone: Vec<(&str, &str)> = Vec::new();
+            let outcomes: Vec<(&Claimed, Outcome)> = chunk
+                .into_iter()
+                .map(|(row, attempt)| (row, sender.outcome(row, attempt, &mut gone)))
+                .collect();
+            if let Err(err) = Box::pin(deliveries.record(&outcomes, &gone)).await {
+                // The leases lapse and the deliveries are claimed again: at worst a second
+                // delivery with the same webhook-id.
+                tracing::warn!(error = %err, deliveries = outcomes.len(), "webhooks: cannot record the deliveries' outcomes");
+            }
         }
-        now
+    }
+}
+
+impl Sender {
+    /// Each endpoint of `claimed` as its row reads now: its URL and keys parsed once.
+    fn know(&mut self, claimed: &[Claimed]) {
+        for row in claimed {
+            let current = self
+                .targets
+                .get(&row.subscription)
+                .is_some_and(|t| t.url == row.url && t.secret == row.secret);
+            if !current {
+                self.targets
+                    .insert(row.subscription.clone(), Target::of(row));
+            }
+        }
+    }
+
+    /// What `attempt` of `row` comes to, logged and counted; an endpoint that answered 410
+    /// is added to `gone`.
+    fn outcome<'r>(
+        &self,
+        row: &'r Claimed,
+        attempt: Attempt,
+        gone: &mut Vec<(&'r str, &'static str)>,
+    ) -> Outcome {
+        let (event, endpoint) = (&row.event_id, row.subscription.as_str());
+        match self.verdict(attempt, row.attempts) {
+            Verdict::Delivered => {
+                tracing::debug!(%event, %endpoint, attempt = row.attempts, "webhooks: event delivered");
+                Outcome::Delivered
+            }
+            Verdict::Gone => {
+                tracing::error!(%event, %endpoint, url = %row.url, "webhooks: the endpoint answered 410 Gone; it is disabled, nothing more is sent to it (its events are kept for it: docs/webhooks.md)");
+                if !gone.iter().any(|(id, _)| *id == endpoint) {
+                    gone.push((endpoint, "410 Gone"));
+                }
+                // The claim given back: the delivery stays pending, for the endpoint
+                // enabled again.
+                Outcome::Later {
+                    error: "410 Gone".into(),
+                    delay_ms: 0,
+                }
+            }
+            Verdict::Failed(error) => {
+                tracing::error!(%event, %endpoint, attempts = row.attempts, %error, "webhooks: out of retries; the delivery is recorded failed");
+                Outcome::Failed { error }
+            }
+            Verdict::Later(error, delay_ms) => {
+                tracing::warn!(%event, %endpoint, attempt = row.attempts, %error, retry_in_ms = delay_ms, "webhooks: not delivered; trying again later");
+                Outcome::Later { error, delay_ms }
+            }
+        }
     }
 
     /// What `attempt`, the `attempts`-th, comes to, counted in the metrics.
@@ -238,79 +303,30 @@ impl Deliverer {
         }
     }
 
-    /// One attempt of an event to CHECKOUT_WEBHOOK_URL.
-    async fn deliver(&self, env: &EnvEndpoint, row: Claimed) {
-        let attempt = self.send(&env.url, &env.keys, &row.id, &row.body).await;
-        let recorded = match self.verdict(attempt, row.attempts) {
-            Verdict::Delivered => {
-                tracing::info!(event = %row.id, attempt = row.attempts, "webhooks: event delivered");
-                self.deliveries.delivered(&row).await
+    /// One attempt of `row`, whose body is `body`.
+    async fn send(&self, row: &Claimed, body: String) -> Attempt {
+        let (url, keys) = match self.targets.get(&row.subscription).map(|t| &t.parsed) {
+            Some(Ok((url, keys))) => (url, keys),
+            Some(Err(error)) => {
+                return Attempt::Again {
+                    error: error.clone(),
+                    after: None,
+                };
             }
-            Verdict::Gone => {
-                tracing::error!(event = %row.id, url = %env.url, "webhooks: the endpoint answered 410 Gone; it is disabled, nothing more is sent to it");
-                self.deliveries.disable(&env.url, &row, "410 Gone").await
-            }
-            Verdict::Failed(error) => {
-                tracing::error!(event = %row.id, attempts = row.attempts, %error, "webhooks: out of retries; the event is recorded failed");
-                self.deliveries.failed(&row, &error).await
-            }
-            Verdict::Later(error, wait_ms) => {
-                tracing::warn!(event = %row.id, attempt = row.attempts, %error, retry_in_ms = wait_ms, "webhooks: not delivered; trying again later");
-                self.deliveries.retry_later(&row, &error, wait_ms).await
-            }
+            None => unreachable!("every claimed delivery's target is made before it is sent"),
         };
-        if let Err(err) = recorded {
-            // The lease lapses and the event is claimed again: at worst a second delivery
-            // with the same webhook-id.
-            tracing::warn!(event = %row.id, error = %err, "webhooks: cannot record a delivery's outcome");
-        }
-    }
-
-    /// One attempt of an event to an endpoint of the database.
-    async fn deliver_to(&self, endpoint: &Endpoint, keys: &SigningKeys, row: ClaimedDelivery) {
-        let body = match self.fanout.body(&row.event_id).await {
-            Ok(Some(body)) => body,
-            Ok(None) => return,
-            Err(err) => {
-                tracing::warn!(event = %row.event_id, error = %err, "webhooks: cannot read an event; trying again");
-                return;
-            }
-        };
-        let attempt = self.send(&endpoint.url, keys, &row.event_id, &body).await;
-        let (event, id) = (&row.event_id, &endpoint.id);
-        let recorded = match self.verdict(attempt, row.attempts) {
-            Verdict::Delivered => {
-                tracing::info!(%event, endpoint = %id, attempt = row.attempts, "webhooks: event delivered");
-                self.fanout.delivered(&row).await
-            }
-            Verdict::Gone => {
-                tracing::error!(%event, endpoint = %id, url = %endpoint.url, "webhooks: the endpoint answered 410 Gone; it alone is disabled, nothing more is sent to it");
-                self.fanout.disable(&row, "410 Gone").await
-            }
-            Verdict::Failed(error) => {
-                tracing::error!(%event, endpoint = %id, attempts = row.attempts, %error, "webhooks: out of retries; the delivery is recorded failed");
-                self.fanout.failed(&row, &error).await
-            }
-            Verdict::Later(error, wait_ms) => {
-                tracing::warn!(%event, endpoint = %id, attempt = row.attempts, %error, retry_in_ms = wait_ms, "webhooks: not delivered; trying again later");
-                self.fanout.retry_later(&row, &error, wait_ms).await
-            }
-        };
-        if let Err(err) = recorded {
-            tracing::warn!(%event, endpoint = %id, error = %err, "webhooks: cannot record a delivery's outcome");
-        }
-    }
-
-    async fn send(&self, url: &str, keys: &SigningKeys, id: &str, body: &str) -> Attempt {
         let timestamp = chrono::Utc::now().timestamp();
         let sent = self
             .http
-            .post(url)
+            .post(url.clone())
             .header(CONTENT_TYPE, "application/json")
-            .header("webhook-id", id)
-            .header("webhook-timestamp", timestamp.to_string())
-            .header("webhook-signature", keys.sign(id, timestamp, body))
-            .body(body.to_owned())
+            .header("webhook-id", &row.event_id)
+            .header("webhook-timestamp", timestamp)
+            .header(
+                "webhook-signature",
+                keys.sign(&row.event_id, timestamp, &body),
+            )
+            .body(body)
             .send()
             .await;
         match sent {
@@ -325,6 +341,14 @@ impl Deliverer {
             },
         }
     }
+}
+
+/// What a delivery comes to after an attempt, by the retry schedule.
+enum Verdict {
+    Delivered,
+    Gone,
+    Failed(String),
+    Later(String, i64),
 }
 
 /// What an answer with `status` and `headers` means for the event.
@@ -373,9 +397,9 @@ fn millis(d: Duration) -> i64 {
 impl Worker for Deliverer {
     const NAME: &'static str = "webhook deliverer";
 
-    /// Claims and sends due events; polls when none is due (events are written by every
-    /// instance's stores, and retries fall due by the clock). Reads the endpoints of the
-    /// database every second.
+    /// Claims and sends due deliveries; polls when none is due (events are written by
+    /// every instance's stores, and retries fall due by the clock). Reads the endpoints
+    /// and the backlog every second.
     async fn run(self) {
         self.deliver_for_ever().await
     }

@@ -1,7 +1,9 @@
-//! The endpoints `checkout webhooks add|list|remove` keeps in `webhook_subscriptions`, each
-//! with its URL, its events and its secret, beside CHECKOUT_WEBHOOK_URL's. An endpoint
-//! receives the events of its types written from the moment it was added; 410 Gone
-//! disables it alone.
+//! The endpoints of `webhook_subscriptions`, each with its URL, its events and its secret:
+//! those `checkout webhooks add|list|remove` keeps, and CHECKOUT_WEBHOOK_URL's ([`ENV`]),
+//! written from the settings at start-up ([`configure`]). An endpoint receives the events
+//! of its types written from the moment its row is there (each event's deliveries are
+//! written with it); 410 Gone disables it alone, and its events are kept for it until it
+//! is enabled again (CHECKOUT_WEBHOOK_URL: another URL configured) or removed.
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU8, Ordering};
@@ -13,6 +15,9 @@ use super::sign::SigningKeys;
 use super::{EventType, Wanted, WebhookSettings};
 use crate::db::{Database, StoreError, on_conn};
 use crate::secret::Secret;
+
+/// The id of CHECKOUT_WEBHOOK_URL's endpoint.
+pub const ENV: &str = "env";
 
 /// An endpoint of `webhook_subscriptions`.
 #[derive(Clone, Debug)]
@@ -29,6 +34,11 @@ pub struct Endpoint {
 }
 
 impl Endpoint {
+    /// Whether it is CHECKOUT_WEBHOOK_URL's, written from the settings, not by `add`.
+    pub fn from_settings(&self) -> bool {
+        self.id == ENV
+    }
+
     /// The secret as `list` shows it: its first characters and how many it lists.
     pub fn shown_secret(&self) -> String {
         let text = self.secret.expose();
@@ -114,17 +124,9 @@ pub fn events_text(events: Wanted) -> String {
         .join(",")
 }
 
-/// The types separated by commas, `all` spelt out: what the claims match `type` against.
-pub fn events_text_list(events: Wanted) -> String {
-    events
-        .types()
-        .map(EventType::as_str)
-        .collect::<Vec<_>>()
-        .join(",")
-}
-
-/// The event types written now: CHECKOUT_WEBHOOK_URL's and every enabled endpoint's. Shared
-/// by the stores that write events and the deliverer that refreshes it.
+/// The event types written now: every endpoint's, CHECKOUT_WEBHOOK_URL's among them (a
+/// disabled one's too: its events are kept for it). Shared by the stores that write events
+/// and the deliverer that refreshes it.
 #[derive(Clone, Debug, Default)]
 pub struct Subscribed(Arc<AtomicU8>);
 
@@ -151,6 +153,52 @@ const LIST: &str = "\
 const REMOVE: &str = "DELETE FROM webhook_subscriptions WHERE id = $1";
 const REMOVE_DELIVERIES: &str =
     "DELETE FROM webhook_deliveries WHERE subscription = $1 AND status = 'pending'";
+/// CHECKOUT_WEBHOOK_URL's endpoint (`$1` URL, `$2` events, `$3` secret), as configured
+/// now: another URL than the one that answered 410 is enabled.
+const CONFIGURE: &str = "\
+    INSERT INTO webhook_subscriptions (id, url, events, secret, created_at) \
+    SELECT 'env', $1, $2, $3, now_ms FROM clock WHERE true \
+    ON CONFLICT (id) DO UPDATE SET url = excluded.url, events = excluded.events, \
+    secret = excluded.secret, \
+    disabled_at = CASE WHEN webhook_subscriptions.url = excluded.url \
+        THEN webhook_subscriptions.disabled_at END, \
+    reason = CASE WHEN webhook_subscriptions.url = excluded.url \
+        THEN webhook_subscriptions.reason END";
+/// Its deliveries not made yet of the types it no longer takes (`$1` its events).
+const UNWANTED: &str = concat!(
+    "DELETE FROM webhook_deliveries WHERE subscription = 'env' AND status = 'pending' ",
+    "AND event_id IN (SELECT m.id FROM webhook_messages m WHERE NOT ",
+    super::takes!("CAST($1 AS TEXT)", "m.type"),
+    ")"
+);
+
+/// Writes CHECKOUT_WEBHOOK_URL's endpoint as `settings` configure it, with its secret and
+/// its events (its deliveries not made yet of other types are dropped); without a URL,
+/// removes it and its deliveries not made yet. Then every endpoint.
+pub async fn configure(
+    db: &Database,
+    settings: &WebhookSettings,
+) -> Result<Vec<Endpoint>, StoreError> {
+    match (&settings.url, &settings.secret) {
+        (Some(url), Some(secret)) => {
+            let events = events_text(settings.events);
+            let mut conn = db.acquire().await?;
+            on_conn!(conn.conn(), c => {
+                sqlx::query(CONFIGURE)
+                    .bind(url)
+                    .bind(&events)
+                    .bind(secret.expose())
+                    .execute(&mut *c)
+                    .await?;
+                sqlx::query(UNWANTED).bind(&events).execute(&mut *c).await?;
+            });
+        }
+        _ => {
+            remove(db, ENV).await?;
+        }
+    }
+    list(db).await
+}
 
 /// Stores `new`; its id.
 pub async fn add(db: &Database, new: &NewEndpoint) -> Result<String, StoreError> {
@@ -199,12 +247,8 @@ pub async fn remove(db: &Database, id: &str) -> Result<bool, StoreError> {
     Ok(removed == 1)
 }
 
-/// The types the enabled endpoints of `endpoints` take.
+/// The types the endpoints of `endpoints` take, a disabled one's too (its events are
+/// kept for it).
 pub fn wanted_by(endpoints: &[Endpoint]) -> Wanted {
-    Wanted::of(
-        endpoints
-            .iter()
-            .filter(|e| e.disabled_at.is_none())
-            .flat_map(|e| e.events.types()),
-    )
+    Wanted::of(endpoints.iter().flat_map(|e| e.events.types()))
 }

@@ -1,9 +1,13 @@
 //! Webhooks: what the service decides, pushed to the operator's endpoint as Standard
-//! Webhooks (docs/webhooks.md). An event is a row of `webhook_events`, written in the
-//! transaction of the fact it announces: the store that commits an approval, a decision,
-//! a receipt or a refund adds the row to its own statement or transaction (by the SQL
-//! text this module exports), so that no fact commits without its event, nor an event
-//! without its fact, and no checkout waits for a round trip of its own for it.
+//! Webhooks (docs/webhooks.md). An event is a row of `webhook_messages` and one row of
+//! `webhook_deliveries` per endpoint that takes its type, written in the transaction of
+//! the fact it announces: the store that commits an approval, a decision, a receipt or a
+//! refund adds the rows to its own statement or transaction (by the SQL text this module
+//! exports), so that no fact commits without its event, nor an event without its fact,
+//! and no checkout waits for a round trip of its own for it. Every delivery, to
+//! CHECKOUT_WEBHOOK_URL as to the endpoints of `checkout webhooks add`, is then claimed,
+//! sent and recorded by one path (`store`, `deliver`); an event's status is its
+//! deliveries' (the view `webhook_events`).
 //!
 //! This module knows no resource: a store is handed an [`Announce`] of its own type when
 //! `app` builds it, which says whether its events are wanted and how the API shows the
@@ -11,21 +15,20 @@
 
 mod deliver;
 pub mod endpoints;
-mod fanout;
 mod sign;
 mod store;
 
 pub use deliver::Deliverer;
 pub use endpoints::Subscribed;
 pub use sign::{SigningKey, SigningKeys};
-pub use store::{Backlog, Deliveries};
+pub use store::{Backlog, Claimed, Deliveries, Outcome};
 
 use std::time::Duration;
 
 use chrono::{DateTime, SecondsFormat, Utc};
 use serde::{Deserialize, Serialize};
 
-use crate::db::{Conn, StoreError, on_conn};
+use crate::db::{Batch, Conn, Returned, StoreError, on_conn};
 use crate::secret::Secret;
 
 /// The operator's endpoint and how events reach it.
@@ -342,21 +345,53 @@ impl NewEvent {
     }
 }
 
+/// Whether the events text `$events` (`all`, or types separated by commas, as
+/// `webhook_subscriptions.events` holds it) takes the type `$type`: SQL text.
+macro_rules! takes {
+    ($events:literal, $type:literal) => {
+        concat!(
+            "(",
+            $events,
+            " = 'all' OR (',' || ",
+            $events,
+            " || ',') LIKE ('%,' || ",
+            $type,
+            " || ',%'))"
+        )
+    };
+}
+pub(crate) use takes;
+
 /// One event, in the caller's transaction: `$1` id, `$2` type, `$3` body.
 pub const INSERT: &str = "\
-    INSERT INTO webhook_events (id, type, body, next_attempt_at, created_at) \
-    SELECT $1, $2, $3, now_ms, now_ms FROM clock WHERE true \
+    INSERT INTO webhook_messages (id, type, body, created_at) \
+    SELECT $1, $2, $3, now_ms FROM clock WHERE true \
     ON CONFLICT (id) DO NOTHING";
 
-/// Writes `event` on `conn` (a transaction of the fact it announces).
+/// Its deliveries, in the same transaction: one to each endpoint that takes its type
+/// (`$1` id, `$2` type). A disabled endpoint's are kept for it.
+pub const DELIVERIES: &str = concat!(
+    "INSERT INTO webhook_deliveries (event_id, subscription, next_attempt_at, created_at) ",
+    "SELECT $1, s.id, c.now_ms, c.now_ms FROM webhook_subscriptions s, clock c WHERE ",
+    takes!("s.events", "CAST($2 AS TEXT)"),
+    " ON CONFLICT DO NOTHING"
+);
+
+/// Writes `event` and its deliveries on `conn` (a transaction of the fact it announces).
 pub async fn insert(conn: Conn<'_>, event: &NewEvent) -> Result<(), StoreError> {
-    on_conn!(conn, c => sqlx::query(INSERT)
-        .bind(&event.id)
-        .bind(event.kind.as_str())
-        .bind(&event.body)
-        .execute(c)
-        .await
-        .map(drop))?;
+    on_conn!(conn, c => {
+        sqlx::query(INSERT)
+            .bind(&event.id)
+            .bind(event.kind.as_str())
+            .bind(&event.body)
+            .execute(&mut *c)
+            .await?;
+        sqlx::query(DELIVERIES)
+            .bind(&event.id)
+            .bind(event.kind.as_str())
+            .execute(&mut *c)
+            .await?;
+    });
     Ok(())
 }
 
@@ -368,31 +403,64 @@ pub async fn insert_some(conn: Conn<'_>, event: Option<&NewEvent>) -> Result<(),
     }
 }
 
-/// Postgres: a CTE for a statement whose CTE `charged` returns the receipts it made (`id`
+/// Postgres: CTEs for a statement whose CTE `charged` returns the receipts it made (`id`
 /// as text): the events of those receipts, from arrays `$22` (event ids), `$23` (the
-/// receipt each announces), `$24` (types), `$25` (bodies). A receipt that did not go in
-/// has no event.
+/// receipt each announces), `$24` (types), `$25` (bodies), and their deliveries. A receipt
+/// that did not go in has no event.
 macro_rules! pg_events_of_charged {
     () => {
         concat!(
             "charge_events AS (",
-            "INSERT INTO webhook_events (id, type, body, next_attempt_at, created_at) ",
-            "SELECT e.id, e.type, e.body, c.now_ms, c.now_ms ",
+            "INSERT INTO webhook_messages (id, type, body, created_at) ",
+            "SELECT e.id, e.type, e.body, c.now_ms ",
             "FROM UNNEST($22::text[], $23::text[], $24::text[], $25::text[]) AS e(id, receipt, type, body), clock c ",
-            "WHERE e.receipt IN (SELECT id FROM charged))"
+            "WHERE e.receipt IN (SELECT id FROM charged) ",
+            "RETURNING id, type, created_at), ",
+            "charge_deliveries AS (",
+            "INSERT INTO webhook_deliveries (event_id, subscription, next_attempt_at, created_at) ",
+            "SELECT e.id, s.id, e.created_at, e.created_at FROM charge_events e, webhook_subscriptions s ",
+            "WHERE ",
+            $crate::webhooks::takes!("s.events", "e.type"),
+            ")"
         )
     };
 }
 pub(crate) use pg_events_of_charged;
 
-/// SQLite: the events of receipts a batch statement before it made, as one JSON array of
-/// rows `[id, receipt, type, body]` (`db::Batch::push_rows`): a receipt's id is new, so
-/// it is in the table only if that statement put it there.
-pub const SQLITE_EVENTS_OF_CHARGED: &str = "\
-    INSERT INTO webhook_events (id, type, body, next_attempt_at, created_at) \
-    SELECT value ->> 0, value ->> 2, value ->> 3, (SELECT now_ms FROM clock), (SELECT now_ms FROM clock) \
+/// SQLite: the events of receipts a batch statement before it made, from one JSON array of
+/// rows `[id, receipt, type, body]` (`db::Batch::push_rows`), then their deliveries: a
+/// receipt's id is new, so it is in the table only if that statement put it there.
+pub fn push_sqlite(batch: &mut Batch, events: &[(&NewEvent, &str)]) {
+    let rows: Vec<_> = events
+        .iter()
+        .map(|(e, receipt)| (&e.id, receipt, e.kind.as_str(), &e.body))
+        .collect();
+    batch.push_rows(SQLITE_EVENTS_OF_CHARGED, rows);
+    let ids: Vec<_> = events.iter().map(|(e, _)| [&e.id]).collect();
+    batch.push_rows(SQLITE_DELIVERIES_OF_CHARGED, ids);
+}
+
+/// Passes over what [`push_sqlite`]'s statements returned (nothing).
+pub fn skip_sqlite(returned: &mut Returned) {
+    returned.skip();
+    returned.skip();
+}
+
+const SQLITE_EVENTS_OF_CHARGED: &str = "\
+    INSERT INTO webhook_messages (id, type, body, created_at) \
+    SELECT value ->> 0, value ->> 2, value ->> 3, (SELECT now_ms FROM clock) \
     FROM jsonb_each(?) WHERE EXISTS (SELECT 1 FROM receipts r WHERE r.id = value ->> 1) \
     ON CONFLICT (id) DO NOTHING";
+
+/// Rows `[id]` of the events just written.
+const SQLITE_DELIVERIES_OF_CHARGED: &str = concat!(
+    "INSERT INTO webhook_deliveries (event_id, subscription, next_attempt_at, created_at) ",
+    "SELECT m.id, s.id, m.created_at, m.created_at ",
+    "FROM jsonb_each(?) j JOIN webhook_messages m ON m.id = j.value ->> 0, webhook_subscriptions s ",
+    "WHERE ",
+    takes!("s.events", "m.type"),
+    " ON CONFLICT DO NOTHING"
+);
 
 #[cfg(test)]
 mod tests {

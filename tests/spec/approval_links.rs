@@ -7,6 +7,15 @@ use serde_json::Value;
 
 use crate::common::{Backend, Harness, TestDb, client, post, until};
 
+/// A webhook endpoint where nothing listens (these test the links, not delivery), with the
+/// secret a URL needs.
+fn nowhere(s: &mut checkout::config::Settings) {
+    s.webhooks.url = Some("http://127.0.0.1:9/hooks".into());
+    s.webhooks.secret = Some(checkout::secret::Secret::new(
+        "whsec_AQIDBAUGBwgJCgsMDQ4PEBESExQVFhcYGRobHB0eHyA=",
+    ));
+}
+
 /// The public address the links are made under; the test sends them to its harness.
 const PUBLIC: &str = "https://pay.example.com";
 
@@ -44,7 +53,7 @@ both_backends!(
     a_link_shows_a_page_on_get_and_decides_once_on_post,
     |backend| async move {
         let h = Harness::with(backend, "", |s| {
-            s.webhooks.url = Some("http://127.0.0.1:9/hooks".into());
+            nowhere(s);
             s.webhooks.public_url = Some(PUBLIC.into());
             s.payments.approval_above = PerCurrency::parse("USD:100.00").unwrap();
         })
@@ -126,7 +135,7 @@ both_backends!(
     a_browser_pressing_approve_gets_a_page_with_the_receipt,
     |backend| async move {
         let h = Harness::with(backend, "", |s| {
-            s.webhooks.url = Some("http://127.0.0.1:9/hooks".into());
+            nowhere(s);
             s.webhooks.public_url = Some(PUBLIC.into());
             s.payments.approval_above = PerCurrency::parse("USD:100.00").unwrap();
         })
@@ -212,7 +221,7 @@ both_backends!(
     while_the_approved_charge_runs_the_link_page_says_so_and_reloads_itself,
     |backend| async move {
         let h = Harness::with(backend, "", |s| {
-            s.webhooks.url = Some("http://127.0.0.1:9/hooks".into());
+            nowhere(s);
             s.webhooks.public_url = Some(PUBLIC.into());
             s.payments.approval_above = PerCurrency::parse("USD:100.00").unwrap();
         })

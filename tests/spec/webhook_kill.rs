@@ -167,7 +167,11 @@ async fn an_instance_killed_mid_delivery_loses_no_event_and_the_other_delivers_i
         )
         .await;
         assert_eq!(reply.status, 200, "{}", reply.text());
-        if holder.is_none() && i == 1 {
+        // The first charge's delivery is held open, the only one in flight when its
+        // instance is killed: a delivery answered 204 and not yet recorded when its
+        // instance dies is sent again too (at least once), which would make the count
+        // below depend on the moment of the kill.
+        if holder.is_none() && i == 0 {
             until_within(
                 "a delivery is held open",
                 Duration::from_secs(10),

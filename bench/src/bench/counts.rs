@@ -14,11 +14,16 @@
 //! in checkouts is the cost of one. Keyless and keyed (an Idempotency-Key: the record,
 //! its lease and the saved answer), on each database.
 //!
-//! `--webhooks`: the same with a webhook endpoint configured (every event type on, a
-//! consumer here answering 204): each checkout's `charge.succeeded` is written with its
-//! receipt and delivered by the service's deliverer. The warm-up's events are delivered
-//! before the counters are zeroed, and the window's before they are dumped (dhat: before
-//! the service stops), so a window counts its own checkouts' deliveries, no others.
+//! `--webhooks`: each count without an endpoint, then with one configured (every event
+//! type on, a consumer here answering 204): each checkout's `charge.succeeded` is written
+//! with its receipt and delivered by the service's deliverer. The warm-up's events are
+//! delivered before the counters are zeroed, and the window's before they are dumped
+//! (dhat: before the service stops), so a window counts its own checkouts' deliveries, no
+//! others. Then, instructions only, with the consumer answering 410 Gone: the endpoint is
+//! disabled by the warm-up's first event, and the window's events are written (kept for
+//! it) and never sent: the checkout with its event's write, without the delivery. And the
+//! floor of one delivery: `floor-webhook`'s signed POSTs by a bare reqwest client, under
+//! callgrind (a run of a few and one of many, differenced).
 
 use std::sync::atomic::AtomicU64;
 
@@ -27,7 +32,29 @@ use super::*;
 /// `whsec_` + base64 of 32 bytes: the bench's endpoint's secret.
 const SECRET: &str = "whsec_AQIDBAUGBwgJCgsMDQ4PEBESExQVFhcYGRobHB0eHyA=";
 
-/// A webhook endpoint answering 204 to every request, counting them.
+/// What the service is told of webhooks in a count.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Hooks {
+    /// No endpoint.
+    Off,
+    /// An endpoint whose consumer answers 204: every event delivered.
+    Delivered,
+    /// An endpoint whose consumer answers 410 Gone: disabled by the warm-up's first event,
+    /// nothing sent in the window.
+    Gone,
+}
+
+impl Hooks {
+    fn label(self) -> &'static str {
+        match self {
+            Hooks::Off => "",
+            Hooks::Delivered => ", webhooks configured",
+            Hooks::Gone => ", webhooks configured, endpoint gone (nothing sent)",
+        }
+    }
+}
+
+/// A webhook endpoint answering `status` to every request, counting them.
 struct Consumer {
     url: String,
     received: Arc<AtomicU64>,
@@ -35,7 +62,8 @@ struct Consumer {
 }
 
 impl Consumer {
-    fn start(rt: &tokio::runtime::Runtime) -> Result<Consumer, String> {
+    fn start(rt: &tokio::runtime::Runtime, status: u16) -> Result<Consumer, String> {
+        let status = axum::http::StatusCode::from_u16(status).map_err(|e| e.to_string())?;
         rt.block_on(async {
             let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
                 .await
@@ -45,7 +73,7 @@ impl Consumer {
             let count = received.clone();
             let app = axum::Router::new().fallback(move || {
                 count.fetch_add(1, Ordering::SeqCst);
-                async { axum::http::StatusCode::NO_CONTENT }
+                async move { status }
             });
             let task = tokio::spawn(async move {
                 let _ = axum::serve(listener, app).await;
@@ -95,7 +123,7 @@ impl Bench {
     fn counted(
         &self,
         db: &Db,
-        tool: Tool,
+        (tool, hooks): (Tool, Hooks),
         keyed: bool,
         (warm, checkouts): (u32, u32),
         tag: &str,
@@ -110,9 +138,10 @@ impl Bench {
         let mut command =
             child::service_command_under(&self.env, &wrapper, &db.service_url, &model.url);
         command.envs(self.plan.service_env.iter().map(|(k, v)| (k, v)));
-        let consumer = match self.plan.webhooks {
-            true => Some(Consumer::start(&self.rt)?),
-            false => None,
+        let consumer = match hooks {
+            Hooks::Off => None,
+            Hooks::Delivered => Some(Consumer::start(&self.rt, 204)?),
+            Hooks::Gone => Some(Consumer::start(&self.rt, 410)?),
         };
         if let Some(consumer) = &consumer {
             command
@@ -120,10 +149,17 @@ impl Bench {
                 .env("CHECKOUT_WEBHOOK_SECRET", SECRET)
                 .env("CHECKOUT_WEBHOOK_EVENTS", "all");
         }
-        // Each checkout's events delivered, when an endpoint is configured.
-        let delivered = |n: u32| match &consumer {
-            Some(consumer) => consumer.until(&self.rt, n),
-            None => Ok(()),
+        // Each checkout's events delivered, when an endpoint is configured. Gone: after the
+        // warm-up, the first event's 410 recorded (the endpoint disabled); then nothing.
+        let delivered = |n: u32| match (&consumer, hooks) {
+            (Some(consumer), Hooks::Delivered) => consumer.until(&self.rt, n),
+            (Some(consumer), Hooks::Gone) if n == warm && warm > 0 => {
+                consumer.until(&self.rt, 1).map(|()| {
+                    self.rt
+                        .block_on(async { tokio::time::sleep(Duration::from_secs(2)).await })
+                })
+            }
+            _ => Ok(()),
         };
         let name = format!("service-{tag}");
         let service = child::start(&self.env, &name, command, "listening on http://")?;
@@ -203,55 +239,118 @@ impl Bench {
         }
     }
 
-    /// Figure 7: instructions and heap blocks per checkout, keyless and keyed.
+    /// Figure 7: instructions and heap blocks per checkout, keyless and keyed; with
+    /// `--webhooks`, each without an endpoint, with one, and with one gone, then the floor
+    /// of one delivery.
     pub(super) fn counts(&mut self, db: &Db) -> Result<(), String> {
         let (few, many) = if self.plan.quick { (5, 25) } else { (10, 110) };
+        let modes: &[Hooks] = match self.plan.webhooks {
+            true => &[Hooks::Off, Hooks::Delivered, Hooks::Gone],
+            false => &[Hooks::Off],
+        };
         for keyed in [false, true] {
             let kind = if keyed { "keyed" } else { "keyless" };
-            for (tool, what, unit) in [
-                (Tool::Callgrind, "instructions", "instructions"),
-                (Tool::Dhat, "heap allocations", "blocks"),
-            ] {
-                let tag = |n: u32| format!("n{}{}{}{n}", tool.name(), db.name, kind);
-                let kind = match self.plan.webhooks {
-                    true => format!("{kind}, webhooks configured"),
-                    false => kind.to_owned(),
-                };
-                let (per, counted) = match tool {
-                    Tool::Callgrind => {
-                        let window = self.counted(db, tool, keyed, (few, many), &tag(many))?;
-                        let per = window as f64 / f64::from(many - few);
-                        (
-                            per,
-                            format!(
-                                "{window} for checkouts {} to {many}, after {few} to warm up",
-                                few + 1
-                            ),
-                        )
+            for &hooks in modes {
+                for (tool, what, unit) in [
+                    (Tool::Callgrind, "instructions", "instructions"),
+                    (Tool::Dhat, "heap allocations", "blocks"),
+                ] {
+                    if matches!((tool, hooks), (Tool::Dhat, Hooks::Gone)) {
+                        continue;
                     }
-                    Tool::Dhat => {
-                        let small = self.counted(db, tool, keyed, (0, few), &tag(few))?;
-                        let large = self.counted(db, tool, keyed, (0, many), &tag(many))?;
-                        let per = large.saturating_sub(small) as f64 / f64::from(many - few);
-                        (
-                            per,
-                            format!("{small} for {few} checkouts, {large} for {many}"),
-                        )
-                    }
-                };
-                self.note(&format!(
-                    "{what} per checkout, {kind}, {}: {per:.0} ({counted})",
-                    db.name
-                ));
-                self.metrics.push(Metric::new(
-                    7,
-                    &format!("{what} per checkout, {kind}"),
-                    db.name,
-                    unit,
-                    vec![per],
-                ));
+                    let mode = match hooks {
+                        Hooks::Off => "",
+                        Hooks::Delivered => "hooks",
+                        Hooks::Gone => "gone",
+                    };
+                    let tag = |n: u32| format!("n{}{}{kind}{mode}{n}", tool.name(), db.name);
+                    let counted = |n: (u32, u32)| -> Result<u64, String> {
+                        self.counted(db, (tool, hooks), keyed, n, &tag(n.1))
+                    };
+                    let (per, how) = match tool {
+                        Tool::Callgrind => {
+                            let window = counted((few, many))?;
+                            let per = window as f64 / f64::from(many - few);
+                            (
+                                per,
+                                format!(
+                                    "{window} for checkouts {} to {many}, after {few} to warm up",
+                                    few + 1
+                                ),
+                            )
+                        }
+                        Tool::Dhat => {
+                            let small = counted((0, few))?;
+                            let large = counted((0, many))?;
+                            let per = large.saturating_sub(small) as f64 / f64::from(many - few);
+                            (
+                                per,
+                                format!("{small} for {few} checkouts, {large} for {many}"),
+                            )
+                        }
+                    };
+                    let label = format!("{kind}{}", hooks.label());
+                    self.note(&format!(
+                        "{what} per checkout, {label}, {}: {per:.0} ({how})",
+                        db.name
+                    ));
+                    self.metrics.push(Metric::new(
+                        7,
+                        &format!("{what} per checkout, {label}"),
+                        db.name,
+                        unit,
+                        vec![per],
+                    ));
+                }
             }
         }
+        if self.plan.webhooks {
+            let per = self.webhook_floor((few, many))?;
+            self.note(&format!(
+                "instructions per signed webhook POST, bare reqwest (floor-webhook), {}: {per:.0}",
+                db.name
+            ));
+            self.metrics.push(Metric::new(
+                7,
+                "instructions per signed webhook POST, bare reqwest (floor)",
+                db.name,
+                "instructions",
+                vec![per],
+            ));
+        }
         Ok(())
+    }
+
+    /// Instructions of one signed webhook POST by a bare reqwest client (`floor-webhook`),
+    /// to a consumer here answering 204: a run of `few` and one of `many` under callgrind,
+    /// differenced.
+    fn webhook_floor(&self, (few, many): (u32, u32)) -> Result<f64, String> {
+        let consumer = Consumer::start(&self.rt, 204)?;
+        let me = std::env::current_exe().map_err(|e| e.to_string())?;
+        let run = |n: u32| -> Result<u64, String> {
+            let out = self.env.work.join(format!("floor-webhook-{n}.callgrind"));
+            let status = std::process::Command::new("valgrind")
+                .arg("--tool=callgrind")
+                .arg(format!("--callgrind-out-file={}", out.display()))
+                .arg(&me)
+                .args(["floor-webhook", "--url", &consumer.url, "--requests"])
+                .arg(n.to_string())
+                .stdout(std::process::Stdio::null())
+                .stderr(std::process::Stdio::null())
+                .status()
+                .map_err(|e| format!("valgrind: {e}"))?;
+            if !status.success() {
+                return Err(format!("floor-webhook under callgrind failed: {status}"));
+            }
+            let text =
+                std::fs::read_to_string(&out).map_err(|e| format!("{}: {e}", out.display()))?;
+            text.lines()
+                .find_map(|l| l.strip_prefix("totals: ").or(l.strip_prefix("summary: ")))
+                .and_then(|n| n.trim().parse().ok())
+                .ok_or_else(|| format!("no totals in {}", out.display()))
+        };
+        let (small, large) = (run(few)?, run(many)?);
+        consumer.task.abort();
+        Ok(large.saturating_sub(small) as f64 / f64::from(many - few))
     }
 }

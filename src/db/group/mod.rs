@@ -21,6 +21,9 @@
 //! service's far beyond what its rows cost (figure 13, docs/benchmark.md).
 
 mod postgres;
+
+/// The settings of Postgres's group writer's connection.
+pub use postgres::BY_KEY as PG_WRITER_SETTINGS;
 mod sqlite;
 #[cfg(test)]
 mod tests;

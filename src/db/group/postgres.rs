@@ -82,7 +82,13 @@ async fn write_statement(
 /// connection, which the writer does not keep, goes without). Planning every execution
 /// afresh (`plan_cache_mode = force_custom_plan`) also mends it, at a plan's CPU every
 /// keyed checkout.
-const BY_KEY: &str = "SET enable_seqscan = off";
+///
+/// JIT compilation goes off with them: a part that can only scan (the webhooks' part
+/// reads the few rows of `webhook_subscriptions` with a `LIKE`) keeps its sequential
+/// scan, costed as disabled, far above `jit_above_cost`, and Postgres then compiled the
+/// whole statement at every execution, a wait that every checkout's commit took.
+pub const BY_KEY: &str =
+    "SELECT set_config('enable_seqscan', 'off', false), set_config('jit', 'off', false)";
 
 /// The connection of Postgres's writer, which it keeps when the pool has others to spare.
 /// Taking one from the pool for every statement had the pool open new ones as load rose,

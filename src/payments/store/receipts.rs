@@ -240,11 +240,8 @@ fn push_sqlite(batch: &mut Batch, rows: &[ChargeRow]) {
     journal::push_sqlite(batch, &entries);
     let events = events_of(rows);
     if !events.is_empty() {
-        let events: Vec<_> = events
-            .iter()
-            .map(|(e, receipt)| (&e.id, receipt, e.kind.as_str(), &e.body))
-            .collect();
-        batch.push_rows(webhooks::SQLITE_EVENTS_OF_CHARGED, events);
+        let events: Vec<_> = events.iter().map(|(e, r)| (*e, r.as_str())).collect();
+        webhooks::push_sqlite(batch, &events);
     }
 }
 
@@ -264,7 +261,7 @@ fn read_sqlite(rows: &[ChargeRow], returned: &mut Returned) -> Result<Vec<Receip
     let stored: Vec<Stored> = returned.rows()?;
     returned.skip();
     if rows.iter().any(|r| r.event.is_some()) {
-        returned.skip();
+        webhooks::skip_sqlite(returned);
     }
     stored.into_iter().map(Stored::into_receipt).collect()
 }
