@@ -8,8 +8,8 @@
 //!   new one) goes once more at once, on a new connection: only that one's outcome
 //!   counts, for the request retry and the circuit breaker. A model request has no
 //!   effect of ours, so sending it again is always safe.
-//! - Over `https://`, a request given up (its timeout) before any byte of its answer
-//!   retires the pooled client it went on: its HTTP/2 connection may have gone silent (a
+//! - Over `https://`, a request given up (its timeout, or its caller gone) before any
+//!   byte of its answer retires the pooled client it went on: its HTTP/2 connection may have gone silent (a
 //!   NAT or balancer dropped the flow without FIN or RST), and hyper-util would go on
 //!   giving that connection new streams until its keep-alive PING failed (up to
 //!   `CHECKOUT_MODEL_KEEPALIVE_MS` + `CHECKOUT_MODEL_KEEPALIVE_TIMEOUT_MS`), each waiting
@@ -179,7 +179,7 @@ impl Pooled {
 }
 
 /// Held while a request on a pooled client waits for its answer's head: dropped before
-/// it is [`heard`](Unheard::heard) (the request timeout gave up on it), it retires the
+/// it is [`heard`](Unheard::heard) (its timeout, or its caller gone), it retires the
 /// client.
 struct Unheard<'a> {
     pooled: &'a Pooled,
