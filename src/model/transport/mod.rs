@@ -11,8 +11,7 @@
 //! - Over `https://`, a request given up (its timeout, or its caller gone) before any
 //!   byte of its answer retires the pooled client it went on: its HTTP/2 connection may
 //!   have gone silent (a NAT or balancer dropped the flow without FIN or RST), and
-//!   hyper-util would go on
-//!   giving that connection new streams until its keep-alive PING failed (up to
+//!   hyper-util would go on giving that connection new streams until its keep-alive PING failed (up to
 //!   `CHECKOUT_MODEL_KEEPALIVE_MS` + `CHECKOUT_MODEL_KEEPALIVE_TIMEOUT_MS`), each waiting
 //!   out its timeout. hyper-util gives no handle on one pooled connection to PING it at
 //!   once, as the h2c wire does; so a new client takes the retired one's turn, and the
