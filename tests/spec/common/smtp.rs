@@ -6,6 +6,7 @@
 use std::io::{BufRead, BufReader};
 use std::path::PathBuf;
 use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
 
 use serde_json::Value;
 
@@ -36,38 +37,61 @@ pub struct Maildev {
 }
 
 impl Maildev {
+    /// Starts maildev on two free ports, and again on two others when it exits because a
+    /// port was taken meanwhile: it cannot be given port 0, so between [`free_port`]
+    /// and its `listen` another test's process may take one (maildev then exits 1,
+    /// `EADDRINUSE`). Any other exit, or no answer within 15 s, fails with its output.
     pub async fn start() -> Maildev {
         let maildev = tool(
             "CHECKOUT_TEST_MAILDEV",
             "target/tools/maildev/node_modules/.bin/maildev",
         );
-        let (smtp_port, web_port) = (free_port(), free_port());
-        let child = Command::new(maildev)
-            .args(["--ip", "127.0.0.1", "--web-ip", "127.0.0.1"])
-            .args([
-                "--smtp",
-                &smtp_port.to_string(),
-                "--web",
-                &web_port.to_string(),
-            ])
-            .stdout(Stdio::null())
-            .stderr(Stdio::null())
-            .spawn()
-            .expect("start maildev");
-        let maildev = Maildev {
-            child,
-            smtp_port,
-            api: format!("http://127.0.0.1:{web_port}/api/email"),
-        };
         let http = super::client();
-        super::until("maildev answers", async || {
-            http.get(&maildev.api)
-                .send()
-                .await
-                .is_ok_and(|r| r.status().is_success())
-        })
-        .await;
-        maildev
+        for _ in 0..5 {
+            let (smtp_port, web_port) = (free_port(), free_port());
+            let log = tempfile::NamedTempFile::new().expect("maildev's log file");
+            let child = Command::new(&maildev)
+                .args(["--ip", "127.0.0.1", "--web-ip", "127.0.0.1"])
+                .args([
+                    "--smtp",
+                    &smtp_port.to_string(),
+                    "--web",
+                    &web_port.to_string(),
+                ])
+                .stdout(log.reopen().expect("maildev's log file"))
+                .stderr(log.reopen().expect("maildev's log file"))
+                .spawn()
+                .expect("start maildev");
+            let mut maildev = Maildev {
+                child,
+                smtp_port,
+                api: format!("http://127.0.0.1:{web_port}/api/email"),
+            };
+            let output = || std::fs::read_to_string(log.path()).unwrap_or_default();
+            let deadline = Instant::now() + Duration::from_secs(15);
+            // Its SMTP server listens before its API: an answer means both are up.
+            loop {
+                let answered = http.get(&maildev.api).send().await;
+                if answered.is_ok_and(|r| r.status().is_success()) {
+                    return maildev;
+                }
+                if let Some(status) = maildev.child.try_wait().expect("maildev's status") {
+                    let output = output();
+                    assert!(
+                        output.contains("EADDRINUSE"),
+                        "maildev exited ({status}): {output}"
+                    );
+                    break;
+                }
+                assert!(
+                    Instant::now() < deadline,
+                    "maildev did not answer within 15 s: {}",
+                    output()
+                );
+                tokio::time::sleep(Duration::from_millis(5)).await;
+            }
+        }
+        panic!("maildev found a port taken at 5 starts");
     }
 
     pub fn url(&self) -> String {
