@@ -3,11 +3,11 @@
 //! (a repeated key executes again), so the faults and the key semantics are the suite's
 //! own fake's (`stripe.rs`).
 
-use std::process::{Child, Command, Stdio};
+use std::process::{Child, Command};
 
 use serde_json::Value;
 
-use super::smtp::{free_port, tool};
+use super::smtp::{on_free_ports, tool};
 
 pub struct Localstripe {
     child: Child,
@@ -20,25 +20,24 @@ impl Localstripe {
             "CHECKOUT_TEST_LOCALSTRIPE",
             "target/tools/localstripe-venv/bin/localstripe",
         );
-        let port = free_port();
-        let child = Command::new(program)
-            .args(["--port", &port.to_string(), "--from-scratch"])
-            .stdout(Stdio::null())
-            .stderr(Stdio::null())
-            .spawn()
-            .expect("start localstripe");
-        let server = Localstripe { child, port };
         let http = super::client();
-        let url = format!("{}/v1/customers", server.base_url());
-        super::until("localstripe answers", async || {
-            http.get(&url)
-                .bearer_auth("sk_test_localstripe")
-                .send()
-                .await
-                .is_ok_and(|r| r.status().is_success())
-        })
+        let (child, [port]) = on_free_ports(
+            "localstripe",
+            |[port]| {
+                let mut command = Command::new(&program);
+                command.args(["--port", &port.to_string(), "--from-scratch"]);
+                command
+            },
+            async |[port]| {
+                http.get(format!("http://127.0.0.1:{port}/v1/customers"))
+                    .bearer_auth("sk_test_localstripe")
+                    .send()
+                    .await
+                    .is_ok_and(|r| r.status().is_success())
+            },
+        )
         .await;
-        server
+        Localstripe { child, port }
     }
 
     pub fn base_url(&self) -> String {

@@ -29,6 +29,50 @@ pub(crate) fn free_port() -> u16 {
         .port()
 }
 
+/// A server process given `N` free ports: `command` makes it for the ports, `ready` asks
+/// it whether it serves. Such a server cannot be given port 0, so between [`free_port`]
+/// and its `listen` another test's process may take a port; the server then exits
+/// ("address already in use") and is started again on other ports, up to 5 times. Any
+/// other exit, or no readiness within 15 s, fails with what the process printed.
+pub(crate) async fn on_free_ports<const N: usize>(
+    what: &str,
+    command: impl Fn([u16; N]) -> Command,
+    mut ready: impl AsyncFnMut([u16; N]) -> bool,
+) -> (Child, [u16; N]) {
+    for _ in 0..5 {
+        let ports = std::array::from_fn(|_| free_port());
+        let log = tempfile::NamedTempFile::new().expect("a log file");
+        let mut child = command(ports)
+            .stdout(log.reopen().expect("a log file"))
+            .stderr(log.reopen().expect("a log file"))
+            .spawn()
+            .unwrap_or_else(|e| panic!("start {what}: {e}"));
+        let output = || std::fs::read_to_string(log.path()).unwrap_or_default();
+        let deadline = Instant::now() + Duration::from_secs(15);
+        loop {
+            // A port taken by another process may hold the question unanswered.
+            let answered = tokio::time::timeout(Duration::from_secs(1), ready(ports)).await;
+            if answered == Ok(true) {
+                return (child, ports);
+            }
+            if let Some(status) = child.try_wait().expect("the process's status") {
+                let output = output();
+                assert!(
+                    output.to_lowercase().contains("address already in use"),
+                    "{what} exited ({status}): {output}"
+                );
+                break;
+            }
+            if Instant::now() >= deadline {
+                let _ = child.kill();
+                panic!("{what} did not answer within 15 s: {}", output());
+            }
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+    }
+    panic!("{what} found a port taken at 5 starts");
+}
+
 /// A maildev process: SMTP on one port, its API on another.
 pub struct Maildev {
     child: Child,
@@ -37,61 +81,34 @@ pub struct Maildev {
 }
 
 impl Maildev {
-    /// Starts maildev on two free ports, and again on two others when it exits because a
-    /// port was taken meanwhile: it cannot be given port 0, so between [`free_port`]
-    /// and its `listen` another test's process may take one (maildev then exits 1,
-    /// `EADDRINUSE`). Any other exit, or no answer within 15 s, fails with its output.
     pub async fn start() -> Maildev {
         let maildev = tool(
             "CHECKOUT_TEST_MAILDEV",
             "target/tools/maildev/node_modules/.bin/maildev",
         );
+        let api = |web: u16| format!("http://127.0.0.1:{web}/api/email");
         let http = super::client();
-        for _ in 0..5 {
-            let (smtp_port, web_port) = (free_port(), free_port());
-            let log = tempfile::NamedTempFile::new().expect("maildev's log file");
-            let child = Command::new(&maildev)
-                .args(["--ip", "127.0.0.1", "--web-ip", "127.0.0.1"])
-                .args([
-                    "--smtp",
-                    &smtp_port.to_string(),
-                    "--web",
-                    &web_port.to_string(),
-                ])
-                .stdout(log.reopen().expect("maildev's log file"))
-                .stderr(log.reopen().expect("maildev's log file"))
-                .spawn()
-                .expect("start maildev");
-            let mut maildev = Maildev {
-                child,
-                smtp_port,
-                api: format!("http://127.0.0.1:{web_port}/api/email"),
-            };
-            let output = || std::fs::read_to_string(log.path()).unwrap_or_default();
-            let deadline = Instant::now() + Duration::from_secs(15);
+        let (child, [smtp_port, web_port]) = on_free_ports(
+            "maildev",
+            |[smtp, web]| {
+                let mut command = Command::new(&maildev);
+                command
+                    .args(["--ip", "127.0.0.1", "--web-ip", "127.0.0.1"])
+                    .args(["--smtp", &smtp.to_string(), "--web", &web.to_string()]);
+                command
+            },
             // Its SMTP server listens before its API: an answer means both are up.
-            loop {
-                let answered = http.get(&maildev.api).send().await;
-                if answered.is_ok_and(|r| r.status().is_success()) {
-                    return maildev;
-                }
-                if let Some(status) = maildev.child.try_wait().expect("maildev's status") {
-                    let output = output();
-                    assert!(
-                        output.contains("EADDRINUSE"),
-                        "maildev exited ({status}): {output}"
-                    );
-                    break;
-                }
-                assert!(
-                    Instant::now() < deadline,
-                    "maildev did not answer within 15 s: {}",
-                    output()
-                );
-                tokio::time::sleep(Duration::from_millis(5)).await;
-            }
+            async |[_, web]| {
+                let answer = http.get(api(web)).send().await;
+                answer.is_ok_and(|r| r.status().is_success())
+            },
+        )
+        .await;
+        Maildev {
+            child,
+            smtp_port,
+            api: api(web_port),
         }
-        panic!("maildev found a port taken at 5 starts");
     }
 
     pub fn url(&self) -> String {
