@@ -11,6 +11,8 @@ mod conn;
 mod error;
 mod group;
 mod read_only;
+#[cfg(test)]
+pub(crate) mod sqlite_test;
 mod url;
 
 use std::fs::{File, OpenOptions, TryLockError};

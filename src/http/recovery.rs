@@ -14,9 +14,6 @@ use super::state::AppState;
 use crate::idempotency::Lapsed;
 use crate::worker::{Worker, every};
 
-/// Operations looked at per pass.
-const BATCH: i64 = 16;
-
 /// The sweep: every lease period (at least 100 ms), for as long as the service runs.
 pub struct Recovery(pub AppState);
 
@@ -33,7 +30,7 @@ impl Worker for Recovery {
 async fn sweep(app: &AppState, lease: Duration) {
     // An operation released after a transient failure is left to its client for one
     // more lease period; one whose owner died has been silent that long already.
-    let lapsed = match app.records().lapsed(lease, BATCH).await {
+    let lapsed = match app.records().lapsed(lease).await {
         Ok(lapsed) => lapsed,
         Err(err) => {
             tracing::warn!(error = %err, "recovery sweep: cannot look for lapsed operations");

@@ -182,8 +182,8 @@ impl Records {
     }
 
     /// Unfinished operations whose lease lapsed at least `grace` ago (the sweep's).
-    pub async fn lapsed(&self, grace: Duration, limit: i64) -> Result<Vec<Lapsed>, StoreError> {
-        records::lapsed(self.db.acquire().await?.conn(), grace, limit).await
+    pub async fn lapsed(&self, grace: Duration) -> Result<Vec<Lapsed>, StoreError> {
+        records::lapsed(self.db.acquire().await?.conn(), grace).await
     }
 
     /// Takes a lapsed operation over for the recovery sweep, while it has fewer than

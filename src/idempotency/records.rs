@@ -94,11 +94,12 @@ pub const SETTLE_PAUSED: &str = "\
     WHERE scope = $1 AND key = $2 AND status = 202";
 
 /// Unfinished records whose lease lapsed at least `$1` ms ago, and the sweep has not
-/// given up on: the recovery sweep's candidates.
+/// given up on: the recovery sweep's candidates, 16 at most (a limit written in the text,
+/// which SQLite keeps prepared: see `db::sqlite_test`).
 const LAPSED: &str = "\
     SELECT scope, key, fence, request, recoveries FROM idempotency_keys, clock \
     WHERE status IS NULL AND lease_until <= now_ms - $1 AND expires_at > now_ms \
-    AND attention_at IS NULL AND request IS NOT NULL ORDER BY lease_until LIMIT $2";
+    AND attention_at IS NULL AND request IS NOT NULL ORDER BY lease_until LIMIT 16";
 
 /// A takeover by the recovery sweep: as the client's retry takes one (a new fence), and
 /// counted, while fewer than `$5` recoveries were tried.
@@ -393,15 +394,10 @@ pub struct Lapsed {
     pub recoveries: i64,
 }
 
-/// Up to `limit` operations whose lease lapsed at least `grace` ago.
-pub async fn lapsed(
-    conn: Conn<'_>,
-    grace: Duration,
-    limit: i64,
-) -> Result<Vec<Lapsed>, StoreError> {
+/// Up to 16 operations whose lease lapsed at least `grace` ago.
+pub async fn lapsed(conn: Conn<'_>, grace: Duration) -> Result<Vec<Lapsed>, StoreError> {
     Ok(on_conn!(conn, c => sqlx::query_as(LAPSED)
         .bind(millis(grace))
-        .bind(limit)
         .fetch_all(c)
         .await?))
 }
@@ -575,4 +571,17 @@ impl Stored {
 
 fn millis(d: Duration) -> i64 {
     i64::try_from(d.as_millis()).unwrap_or(i64::MAX)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::db::sqlite_test::{prepared_again, schema};
+
+    // The recovery sweep asks at every lease period.
+    // Seen failing with the limit a parameter (`LIMIT $2`, 16 bound): left 3, right 0.
+    #[test]
+    fn the_recovery_sweeps_question_stays_prepared_on_sqlite() {
+        assert_eq!(prepared_again(&schema(), LAPSED, &[&30_000]), 0);
+    }
 }

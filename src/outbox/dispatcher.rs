@@ -133,7 +133,7 @@ impl Dispatcher {
             .clamp(Duration::from_millis(20), Duration::from_secs(1));
         let lease_ms = i64::try_from(self.settings.lease.as_millis()).unwrap_or(i64::MAX);
         loop {
-            let claimed = match self.outbox.claim(lease_ms, 16).await {
+            let claimed = match self.outbox.claim(lease_ms).await {
                 Ok(claimed) => claimed,
                 Err(err) => {
                     tracing::warn!(error = %err, "outbox: cannot claim messages; trying again");

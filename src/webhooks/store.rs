@@ -285,28 +285,13 @@ const SURVEY: &str = "\
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::db::sqlite_test::{prepared_again, schema as sqlite_schema};
 
     #[test]
     fn the_claim_takes_a_batch() {
         for claim in [PG_CLAIM, SQLITE_CLAIM] {
             assert!(claim.contains(&format!(" LIMIT {BATCH}")), "{claim}");
         }
-    }
-
-    /// SQLite's schema, by the migrations of the source tree, in memory.
-    fn sqlite_schema() -> rusqlite::Connection {
-        let db = rusqlite::Connection::open_in_memory().unwrap();
-        let dir = concat!(env!("CARGO_MANIFEST_DIR"), "/migrations/sqlite");
-        let mut files: Vec<_> = std::fs::read_dir(dir)
-            .unwrap()
-            .map(|f| f.unwrap().path())
-            .collect();
-        files.sort();
-        for file in files {
-            db.execute_batch(&std::fs::read_to_string(&file).unwrap())
-                .unwrap_or_else(|e| panic!("{}: {e}", file.display()));
-        }
-        db
     }
 
     // Seen failing: with the survey's `CASE WHEN s.disabled_at IS NULL` taken out, the
@@ -351,19 +336,14 @@ mod tests {
         )
         .unwrap();
         let rows = r#"[["msg_1","env",1,"delivered",null,0]]"#;
-        for (sql, param) in [
-            (SQLITE_CLAIM, Some(rusqlite::types::Value::Integer(60_000))),
-            (SQLITE_RECORD, Some(rows.to_owned().into())),
-            (SURVEY, None),
+        let lease: &dyn rusqlite::ToSql = &60_000;
+        let record: &dyn rusqlite::ToSql = &rows;
+        for (sql, params) in [
+            (SQLITE_CLAIM, vec![lease]),
+            (SQLITE_RECORD, vec![record]),
+            (SURVEY, vec![]),
         ] {
-            let mut statement = db.prepare(sql).unwrap();
-            for _ in 0..3 {
-                let params: Vec<&dyn rusqlite::ToSql> = param.iter().map(|p| p as _).collect();
-                let mut answered = statement.query(&params[..]).unwrap();
-                while answered.next().unwrap().is_some() {}
-            }
-            let again = statement.get_status(rusqlite::StatementStatus::RePrepare);
-            assert_eq!(again, 0, "{sql}");
+            assert_eq!(prepared_again(&db, sql, &params), 0, "{sql}");
         }
     }
 }

@@ -220,7 +220,7 @@ impl Worker for ApprovalSweep {
 }
 
 async fn sweep(app: &AppState) {
-    match app.approvals().due(64).await {
+    match app.approvals().due().await {
         Ok(due) => {
             for id in due {
                 decide::expire(app, id).await;
