@@ -21,7 +21,10 @@ impl ConnectOptions for PgConnectOptions {
     where
         Self::Connection: Sized,
     {
-        PgConnection::connect_target(self)
+        // Boxed: sqlx's pool embeds this future in the ones it moves at every acquire
+        // and at every connection given back (a spawned task each), and a connect's
+        // state, the host walk's included, is many kilobytes; a pointer is moved instead.
+        Box::pin(PgConnection::connect_target(self))
     }
 
     fn log_statements(mut self, level: LevelFilter) -> Self {
