@@ -185,9 +185,8 @@ impl Outbox {
         read(conn.conn(), caller, operation_key, CONFIRMATION).await
     }
 
-    /// Claims up to 16 rows that are due, each for `lease_ms`: no other
-    /// dispatcher takes them until the lease lapses. Nothing is held open while they are
-    /// sent.
+    /// Claims up to 16 rows that are due, each for `lease_ms`: no other dispatcher takes
+    /// them until the lease lapses. Nothing is held open while they are sent.
     pub(crate) async fn claim(&self, lease_ms: i64) -> Result<Vec<Claimed>, StoreError> {
         let mut conn = self.db.acquire().await?;
         Ok(match conn.conn() {

@@ -6,10 +6,11 @@
 //! Every command is bounded in time. As root, the commands run as user `postgres`
 //! (`runuser`): Postgres refuses to run as root.
 
-use std::net::TcpListener;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output, Stdio};
 use std::time::{Duration, Instant};
+
+use super::servers::free_port;
 
 /// How the standby acknowledges the primary's commits.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -53,14 +54,6 @@ fn bin_dir() -> PathBuf {
 fn as_root() -> bool {
     // SAFETY: geteuid has no preconditions and cannot fail.
     unsafe { libc::geteuid() == 0 }
-}
-
-/// A port nobody listens on now, on 127.0.0.1.
-fn free_port() -> u16 {
-    TcpListener::bind("127.0.0.1:0")
-        .and_then(|l| l.local_addr())
-        .expect("a free port on 127.0.0.1")
-        .port()
 }
 
 impl Cluster {

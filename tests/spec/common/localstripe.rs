@@ -7,7 +7,7 @@ use std::process::{Child, Command};
 
 use serde_json::Value;
 
-use super::smtp::{on_free_ports, tool};
+use super::servers::{on_free_ports, tool};
 
 pub struct Localstripe {
     child: Child,

@@ -7,6 +7,7 @@ pub mod hostile;
 pub mod localstripe;
 pub mod proxy;
 pub mod receiver;
+pub mod servers;
 pub mod smtp;
 pub mod stripe;
 pub mod tinyproxy;
